@@ -1,0 +1,29 @@
+// A kernel's view of its rank of a symmetric workspace (plain data, host and device).
+//
+// A RankView is small and passed by value as a kernel parameter, so reaching a
+// peer costs no memory load: `peers.base[p]` is rank p's workspace as mapped on
+// this rank's device (peer access, or for virtual ranks the same GPU).
+#pragma once
+
+#include <cstdint>
+
+#include "jaxll/workspace_layout.h"
+
+namespace jaxll {
+
+struct PeerTable {
+  char* base[kMaxRanks];
+};
+
+struct RankView {
+  WorkspaceHeader* header;         // this rank's workspace (== peers.base[rank])
+  unsigned long long* host_error;  // mapped host mirror of header->error
+  PeerTable peers;
+  int rank;
+  int nranks;
+  uint32_t slots_per_block;  // LL16 packets per (block, parity, source) region
+  int max_blocks;            // largest grid whose blocks are all co-resident
+  uint64_t timeout_ns;
+};
+
+}  // namespace jaxll

@@ -1,0 +1,45 @@
+// Host interface of the all-reduce kernels: what the runtime may launch and how.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "jaxll/rank_view.h"
+
+namespace jaxll {
+
+// Element types with a kernel (values match jaxll/algorithms.py).
+enum class DType : int { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
+// Reduction operators (values match jaxll/algorithms.py).
+enum class ReduceOp : int { kSum = 0, kMax = 1, kMin = 2 };
+// Kernel algorithms (values match jaxll/algorithms.py; 0 is XLA's own all-reduce).
+enum class Algorithm : int { kOneShotLL = 1 };
+
+int dtype_bytes(DType t);
+
+struct LaunchPlan {
+  int blocks = 0;   // 0: the message does not fit the workspace
+  int threads = 0;
+};
+
+// Grid for a one-shot LL all-reduce of `count` elements of `elem_bytes` bytes,
+// given the workspace's packets per block region and its co-residency bound on
+// blocks. Depends only on its arguments, so every rank computes the same grid.
+LaunchPlan plan_oneshot_ll(int64_t count, int elem_bytes, uint32_t slots_per_block,
+                           int max_blocks);
+
+// Launches one all-reduce of `count` elements from `in` to `out` (may alias) for
+// the rank described by `view`, on `stream`.
+cudaError_t launch_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op, const RankView& view,
+                              const void* in, void* out, int64_t count, cudaStream_t stream);
+
+// Every __global__ function of the library, so that a workspace can load them all
+// on a device before first use and bound grids by their occupancy.
+std::vector<const void*> all_kernel_functions();
+
+// Small helper kernels used by the runtime and the testing tools.
+cudaError_t launch_fill_i32(int32_t* out, int32_t value, cudaStream_t stream);
+
+}  // namespace jaxll

@@ -1,0 +1,201 @@
+// XLA FFI handlers: the custom calls that jaxll's lowering emits.
+//
+//   jaxll_all_reduce          one rank's all-reduce inside an SPMD program
+//                             (command-buffer compatible: every per-call value
+//                             lives on the device)
+//   jaxll_virtual_all_reduce  N virtual ranks on one GPU: input (N, ...) is
+//                             reduced across its leading axis, one stream per rank
+//   jaxll_device_ordinal      writes the device ordinal XLA passes to handlers
+//                             (lets tests check it against Device.local_hardware_id)
+#include "ffi_handlers.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "../kernels/all_reduce.h"
+#include "workspace.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jaxll {
+namespace {
+
+ffi::Error to_dtype(ffi::DataType t, DType* out) {
+  switch (t) {
+    case ffi::DataType::F32: *out = DType::kF32; return ffi::Error::Success();
+    case ffi::DataType::BF16: *out = DType::kBF16; return ffi::Error::Success();
+    case ffi::DataType::F16: *out = DType::kF16; return ffi::Error::Success();
+    case ffi::DataType::S32: *out = DType::kI32; return ffi::Error::Success();
+    default:
+      return ffi::Error::InvalidArgument(
+          "jaxll: no all-reduce kernel for this element type (supported: float32, bfloat16, "
+          "float16, int32)");
+  }
+}
+
+ffi::Error check_call(int64_t algorithm, int64_t op) {
+  if (algorithm != static_cast<int64_t>(Algorithm::kOneShotLL)) {
+    return ffi::Error::InvalidArgument("jaxll: unknown algorithm code " +
+                                       std::to_string(algorithm));
+  }
+  if (op < 0 || op > static_cast<int64_t>(ReduceOp::kMin)) {
+    return ffi::Error::InvalidArgument("jaxll: unknown reduction code " + std::to_string(op));
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error use_device(int ordinal) {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != ordinal) {
+    if (cudaError_t e = cudaSetDevice(ordinal); e != cudaSuccess) {
+      return ffi::Error::Internal(std::string("jaxll: cudaSetDevice failed: ") +
+                                  cudaGetErrorString(e));
+    }
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error launch_error(cudaError_t e, const Comm& c, const std::string& what) {
+  if (e == cudaErrorInvalidValue) {
+    return ffi::Error::InvalidArgument(
+        "jaxll: " + what + " does not fit workspace " + std::to_string(c.id()) +
+        " (capacity " + std::to_string(c.capacity_bytes()) + " bytes per rank)");
+  }
+  return ffi::Error::Internal("jaxll: launching " + what + " failed: " + cudaGetErrorName(e) +
+                              " (" + cudaGetErrorString(e) + ")");
+}
+
+ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
+                            ffi::Result<ffi::AnyBuffer> y, int64_t comm_id, int64_t algorithm,
+                            int64_t op) {
+  Comm* c = comm_lookup(comm_id);
+  if (c == nullptr) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jaxll: workspace " + std::to_string(comm_id) +
+                          " does not exist (freed by jaxll.free_workspaces()?); call the "
+                          "jitted function again after clearing JAX's caches "
+                          "(jax.clear_caches()) so it is lowered anew");
+  }
+  Rank* r = c->rank_for_ordinal(ordinal);
+  if (r == nullptr) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jaxll: CUDA device " + std::to_string(ordinal) +
+                          " is not a member of workspace " + std::to_string(comm_id));
+  }
+  if (uint64_t word = c->error_word(*r)) {
+    return ffi::Error(ffi::ErrorCode::kAborted, c->describe_error(*r, word));
+  }
+  if (ffi::Error e = check_call(algorithm, op); e.failure()) return e;
+  DType dtype;
+  if (ffi::Error e = to_dtype(x.element_type(), &dtype); e.failure()) return e;
+  const int64_t count = static_cast<int64_t>(x.element_count());
+  if (y->element_count() != x.element_count() || y->element_type() != x.element_type()) {
+    return ffi::Error::InvalidArgument("jaxll: all_reduce output must match its input");
+  }
+  if (count == 0) return ffi::Error::Success();
+  if (ffi::Error e = use_device(ordinal); e.failure()) return e;
+  cudaError_t e = launch_all_reduce(static_cast<Algorithm>(algorithm), dtype,
+                                    static_cast<ReduceOp>(op), r->view, x.untyped_data(),
+                                    y->untyped_data(), count, stream);
+  if (e != cudaSuccess) return launch_error(e, *c, "an all-reduce of " + std::to_string(count) + " elements");
+  return ffi::Error::Success();
+}
+
+ffi::Error VirtualAllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
+                                   ffi::Result<ffi::AnyBuffer> y, int64_t comm_id,
+                                   int64_t algorithm, int64_t op, int64_t skip_rank) {
+  Comm* c = comm_lookup(comm_id);
+  if (c == nullptr || !c->virtual_ranks()) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jaxll: virtual-rank workspace " + std::to_string(comm_id) +
+                          " does not exist (freed?)");
+  }
+  const int n = c->group_size();
+  if (c->rank(0, 0).ordinal != ordinal) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jaxll: virtual-rank workspace " + std::to_string(comm_id) +
+                          " lives on CUDA device " + std::to_string(c->rank(0, 0).ordinal) +
+                          " but the call runs on device " + std::to_string(ordinal));
+  }
+  for (int i = 0; i < n; ++i) {
+    if (uint64_t word = c->error_word(c->rank(0, i))) {
+      return ffi::Error(ffi::ErrorCode::kAborted, c->describe_error(c->rank(0, i), word));
+    }
+  }
+  if (ffi::Error e = check_call(algorithm, op); e.failure()) return e;
+  DType dtype;
+  if (ffi::Error e = to_dtype(x.element_type(), &dtype); e.failure()) return e;
+  const auto dims = x.dimensions();
+  if (dims.size() < 1 || dims[0] != n) {
+    return ffi::Error::InvalidArgument("jaxll: virtual all-reduce input must have leading axis " +
+                                       std::to_string(n) + " (one row per virtual rank)");
+  }
+  if (y->element_count() != x.element_count()) {
+    return ffi::Error::InvalidArgument("jaxll: virtual all-reduce output must match its input");
+  }
+  const int64_t count = static_cast<int64_t>(x.element_count()) / n;
+  if (count == 0) return ffi::Error::Success();
+  const size_t row_bytes = static_cast<size_t>(count) * dtype_bytes(dtype);
+  if (ffi::Error e = use_device(ordinal); e.failure()) return e;
+
+  cudaError_t e = cudaEventRecord(c->fork_event(), stream);
+  for (int i = 0; i < n && e == cudaSuccess; ++i) {
+    if (i == skip_rank) continue;
+    Rank& r = c->rank(0, i);
+    e = cudaStreamWaitEvent(r.stream, c->fork_event(), 0);
+    if (e != cudaSuccess) break;
+    e = launch_all_reduce(static_cast<Algorithm>(algorithm), dtype, static_cast<ReduceOp>(op),
+                          r.view, static_cast<const char*>(x.untyped_data()) + i * row_bytes,
+                          static_cast<char*>(y->untyped_data()) + i * row_bytes, count, r.stream);
+    if (e != cudaSuccess) break;
+    e = cudaEventRecord(r.done, r.stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, r.done, 0);
+  }
+  if (e != cudaSuccess) return launch_error(e, *c, "a virtual all-reduce of " + std::to_string(count) + " elements per rank");
+  return ffi::Error::Success();
+}
+
+ffi::Error DeviceOrdinalExecute(cudaStream_t stream, int32_t ordinal,
+                                ffi::Result<ffi::Buffer<ffi::S32>> out) {
+  if (out->element_count() != 1) return ffi::Error::InvalidArgument("expects a scalar output");
+  cudaError_t e = launch_fill_i32(out->typed_data(), ordinal, stream);
+  if (e != cudaSuccess) return ffi::Error::Internal(cudaGetErrorString(e));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jaxll
+
+using jaxll::AllReduceExecute;
+using jaxll::DeviceOrdinalExecute;
+using jaxll::VirtualAllReduceExecute;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_handler, AllReduceExecute,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("algorithm")
+                                  .Attr<int64_t>("op"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_virtual_all_reduce_handler, VirtualAllReduceExecute,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("algorithm")
+                                  .Attr<int64_t>("op")
+                                  .Attr<int64_t>("skip_rank"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_device_ordinal_handler, DeviceOrdinalExecute,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Ret<ffi::Buffer<ffi::S32>>());

@@ -1,0 +1,10 @@
+// The XLA FFI handler symbols jaxll registers (defined in ffi_handlers.cc).
+#pragma once
+
+#include "xla/ffi/api/c_api.h"
+
+extern "C" {
+XLA_FFI_Error* jaxll_all_reduce_handler(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* jaxll_virtual_all_reduce_handler(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* jaxll_device_ordinal_handler(XLA_FFI_CallFrame* call_frame);
+}

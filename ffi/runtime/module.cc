@@ -1,0 +1,185 @@
+// The Python extension module jaxll._jaxll: FFI handler capsules, workspace
+// management and the virtual-rank testing tools.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "../kernels/all_reduce.h"
+#include "ffi_handlers.h"
+#include "jaxll/error_word.h"
+#include "jaxll/workspace_layout.h"
+#include "virtual_testing.h"
+#include "workspace.h"
+#include "xla/ffi/api/c_api.h"
+
+#ifndef JAXLL_BUILT_JAXLIB_VERSION
+#error "JAXLL_BUILT_JAXLIB_VERSION must be defined by the build"
+#endif
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace jaxll {
+namespace {
+
+Comm& get_comm(int64_t id) {
+  Comm* c = comm_lookup(id);
+  if (c == nullptr) throw std::runtime_error("jaxll workspace " + std::to_string(id) + " does not exist");
+  return *c;
+}
+
+template <class Fn>
+nb::capsule handler_capsule(Fn* fn) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace
+}  // namespace jaxll
+
+NB_MODULE(_jaxll, m) {
+  using namespace jaxll;
+  m.doc() = "jaxll native extension: XLA FFI handlers, symmetric workspaces, testing tools";
+
+  m.attr("built_jaxlib_version") = JAXLL_BUILT_JAXLIB_VERSION;
+  m.attr("ffi_api_version") = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
+  m.attr("built_cuda_version") = CUDART_VERSION;
+  m.attr("max_ranks") = kMaxRanks;
+  m.attr("max_blocks") = kMaxBlocks;
+
+  m.def("handlers", [] {
+    nb::dict d;
+    d["jaxll_all_reduce"] = handler_capsule(&jaxll_all_reduce_handler);
+    d["jaxll_virtual_all_reduce"] = handler_capsule(&jaxll_virtual_all_reduce_handler);
+    d["jaxll_device_ordinal"] = handler_capsule(&jaxll_device_ordinal_handler);
+    return d;
+  }, "FFI handler capsules by target name.");
+
+  m.def("device_count", &device_count, "Number of CUDA devices visible (0 without a driver).");
+  m.def("can_access_peer", [](int a, int b) {
+    int ok = 0;
+    check_cuda(cudaDeviceCanAccessPeer(&ok, a, b), "querying peer access");
+    return ok != 0;
+  }, "a"_a, "b"_a);
+
+  m.def("create_comm", [](const std::vector<std::vector<int>>& groups, bool virtual_ranks,
+                          size_t scratch_bytes, uint64_t timeout_ms) {
+    WorkspaceConfig cfg;
+    cfg.scratch_bytes = scratch_bytes;
+    cfg.timeout_ms = timeout_ms;
+    nb::gil_scoped_release release;
+    return comm_create(groups, virtual_ranks, cfg);
+  }, "groups"_a, "virtual_ranks"_a, "scratch_bytes"_a, "timeout_ms"_a,
+        "Builds a workspace over groups of CUDA ordinals; returns its id.");
+
+  m.def("comm_info", [](int64_t id) {
+    Comm& c = get_comm(id);
+    nb::dict d;
+    d["id"] = c.id();
+    d["virtual_ranks"] = c.virtual_ranks();
+    d["group_count"] = c.group_count();
+    d["group_size"] = c.group_size();
+    d["capacity_bytes"] = c.capacity_bytes();
+    d["bytes_per_rank"] = c.bytes_per_rank();
+    d["slots_per_block"] = c.slots_per_block();
+    d["max_blocks"] = c.max_blocks();
+    d["scratch_bytes"] = c.config().scratch_bytes;
+    d["timeout_ms"] = c.config().timeout_ms;
+    nb::list groups;
+    for (int g = 0; g < c.group_count(); ++g) {
+      nb::list members;
+      for (int r = 0; r < c.group_size(); ++r) members.append(c.rank(g, r).ordinal);
+      groups.append(members);
+    }
+    d["groups"] = groups;
+    return d;
+  }, "id"_a);
+
+  m.def("comm_errors", [](int64_t id) {
+    Comm& c = get_comm(id);
+    nb::list out;
+    for (int g = 0; g < c.group_count(); ++g) {
+      for (int r = 0; r < c.group_size(); ++r) {
+        const Rank& rk = c.rank(g, r);
+        if (uint64_t w = c.error_word(rk)) {
+          out.append(nb::make_tuple(g, r, rk.ordinal, w, c.describe_error(rk, w)));
+        }
+      }
+    }
+    return out;
+  }, "id"_a, "Errors recorded by the comm's kernels: (group, rank, ordinal, word, message).");
+
+  m.def("free_comm", [](int64_t id) {
+    nb::gil_scoped_release release;
+    return comm_free(id);
+  }, "id"_a);
+  m.def("free_all", [] {
+    nb::gil_scoped_release release;
+    comm_free_all();
+  });
+  m.def("comm_ids", &comm_ids);
+
+  m.def("decode_error", [](uint64_t word) {
+    const DecodedError d = decode_error(word);
+    return nb::make_tuple(static_cast<int>(d.kind), d.rank, d.peer, d.block, d.epoch);
+  }, "word"_a);
+  m.def("encode_error", [](int kind, uint32_t rank, uint32_t peer, uint32_t block, uint32_t epoch) {
+    return encode_error(static_cast<ErrorKind>(kind), rank, peer, block, epoch);
+  });
+
+  m.def("plan_oneshot_ll", [](int64_t count, int elem_bytes, uint32_t slots_per_block, int max_blocks) {
+    LaunchPlan p = plan_oneshot_ll(count, elem_bytes, slots_per_block, max_blocks);
+    return nb::make_tuple(p.blocks, p.threads);
+  }, "count"_a, "elem_bytes"_a, "slots_per_block"_a, "max_blocks"_a,
+        "Grid (blocks, threads) of a one-shot LL call; blocks == 0 if it does not fit.");
+
+  m.def("virtual_stress", [](int64_t id, int algorithm, int dtype, int op,
+                             const std::vector<int64_t>& counts, uint64_t seed, int max_delay_us) {
+    Comm& c = get_comm(id);
+    StressResult r;
+    {
+      nb::gil_scoped_release release;
+      r = virtual_stress(c, static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
+                         static_cast<ReduceOp>(op), counts, seed, max_delay_us);
+    }
+    nb::dict d;
+    d["calls"] = r.calls;
+    d["mismatches"] = r.mismatches;
+    d["first_call"] = r.first_call;
+    d["first_rank"] = r.first_rank;
+    d["first_index"] = r.first_index;
+    d["got_bits"] = r.got_bits;
+    d["want_bits"] = r.want_bits;
+    d["error"] = r.error;
+    return d;
+  }, "id"_a, "algorithm"_a, "dtype"_a, "op"_a, "counts"_a, "seed"_a, "max_delay_us"_a);
+
+  m.def("virtual_bench", [](int64_t id, int algorithm, int dtype, int op, int64_t count, int iters,
+                            int reps) {
+    Comm& c = get_comm(id);
+    nb::gil_scoped_release release;
+    return virtual_bench(c, static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
+                         static_cast<ReduceOp>(op), count, iters, reps);
+  }, "id"_a, "algorithm"_a, "dtype"_a, "op"_a, "count"_a, "iters"_a, "reps"_a);
+
+  m.def("virtual_floor", [](int64_t id, int iters, int reps) {
+    Comm& c = get_comm(id);
+    nb::gil_scoped_release release;
+    return virtual_floor(c, iters, reps);
+  }, "id"_a, "iters"_a, "reps"_a);
+}

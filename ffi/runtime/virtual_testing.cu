@@ -1,0 +1,336 @@
+#include "virtual_testing.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "jaxll/elements.cuh"
+#include "jaxll/spin_wait.cuh"
+
+namespace jaxll {
+namespace {
+
+constexpr int64_t kGuardFront = 8;
+constexpr int64_t kGuardBack = 16;
+
+__host__ __device__ inline uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+__device__ inline uint64_t value_hash(uint64_t seed, uint64_t call, int rank, int64_t i) {
+  return mix64(seed ^ mix64(call * 0x100000001B3ull + static_cast<uint64_t>(rank) * 0x51ED27ull) ^
+               mix64(static_cast<uint64_t>(i)));
+}
+
+template <class T>
+__device__ inline T gen_value(uint64_t h) {
+  // Uniform in [-4, 4), rounded to T.
+  const float f = (static_cast<float>(h >> 40) * (1.0f / 16777216.0f)) * 8.0f - 4.0f;
+  return ElemTraits<T>::from_acc(f);
+}
+template <>
+__device__ inline int32_t gen_value<int32_t>(uint64_t h) {
+  return static_cast<int32_t>(h % 2001) - 1000;
+}
+
+template <class T>
+__device__ inline uint32_t bits_of(T v) {
+  typename ElemTraits<T>::Bits b;
+  memcpy(&b, &v, sizeof(T));
+  return b;
+}
+
+template <class T>
+__global__ void fill_bits_kernel(T* buf, int64_t len, uint32_t pattern) {
+  using Bits = typename ElemTraits<T>::Bits;
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < len;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    reinterpret_cast<Bits*>(buf)[j] = static_cast<Bits>(pattern);
+}
+
+template <class T>
+__global__ void gen_kernel(T* in, int64_t count, uint64_t seed, uint64_t call, int rank) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    in[i] = gen_value<T>(value_hash(seed, call, rank, i));
+}
+
+struct Mismatch {
+  unsigned long long count;
+  int claimed;
+  int rank;
+  long long call;
+  long long index;
+  uint32_t got;
+  uint32_t want;
+};
+
+template <class T, class Op>
+__global__ void check_kernel(const T* buf, int64_t buf_len, int64_t off, int64_t count, int nranks,
+                             uint64_t seed, uint64_t call, int rank, uint32_t guard,
+                             Mismatch* mm) {
+  using Bits = typename ElemTraits<T>::Bits;
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < buf_len;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t got = bits_of(buf[j]);
+    uint32_t want;
+    const int64_t i = j - off;
+    if (i >= 0 && i < count) {
+      typename ElemTraits<T>::Acc acc =
+          ElemTraits<T>::to_acc(gen_value<T>(value_hash(seed, call, 0, i)));
+      for (int r = 1; r < nranks; ++r)
+        acc = Op::apply(acc, ElemTraits<T>::to_acc(gen_value<T>(value_hash(seed, call, r, i))));
+      want = bits_of(ElemTraits<T>::from_acc(acc));
+    } else {
+      want = static_cast<Bits>(guard);
+    }
+    if (got != want) {
+      atomicAdd(&mm->count, 1ull);
+      if (atomicCAS(&mm->claimed, 0, 1) == 0) {
+        mm->rank = rank;
+        mm->call = static_cast<long long>(call);
+        mm->index = i;
+        mm->got = got;
+        mm->want = want;
+      }
+    }
+  }
+}
+
+__global__ void delay_kernel(uint64_t ns) {
+  const uint64_t start = globaltimer_ns();
+  while (globaltimer_ns() - start < ns) {
+  }
+}
+
+__global__ void empty_kernel() {}
+
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    has_ = cudaGetDevice(&prev_) == cudaSuccess;
+    check_cuda(cudaSetDevice(device), "selecting the virtual ranks' device");
+  }
+  ~DeviceGuard() {
+    if (has_) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = 0;
+  bool has_ = false;
+};
+
+// Device buffers freed on scope exit.
+class Buffers {
+ public:
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    check_cuda(cudaMalloc(&p, bytes), "allocating test buffers");
+    ptrs_.push_back(p);
+    return p;
+  }
+  ~Buffers() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+
+ private:
+  std::vector<void*> ptrs_;
+};
+
+std::string first_error(Comm& comm) {
+  for (int i = 0; i < comm.group_size(); ++i) {
+    Rank& r = comm.rank(0, i);
+    if (uint64_t w = comm.error_word(r)) return comm.describe_error(r, w);
+  }
+  return "";
+}
+
+void sync_ranks(Comm& comm) {
+  for (int i = 0; i < comm.group_size(); ++i)
+    check_cuda(cudaStreamSynchronize(comm.rank(0, i).stream), "waiting for a virtual rank");
+}
+
+template <class T, class Op>
+StressResult stress_typed(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp op,
+                          const std::vector<int64_t>& counts, uint64_t seed, int max_delay_us) {
+  const int n = comm.group_size();
+  const int64_t max_count = counts.empty() ? 1 : *std::max_element(counts.begin(), counts.end());
+  const int64_t buf_len = kGuardFront + max_count + 1 + kGuardBack;
+  const uint32_t guard = sizeof(T) == 2 ? 0xA5A5u : 0xA5A5A5A5u;
+  Buffers bufs;
+  std::vector<T*> in(n), out(n);
+  for (int r = 0; r < n; ++r) {
+    in[r] = static_cast<T*>(bufs.alloc(buf_len * sizeof(T)));
+    out[r] = static_cast<T*>(bufs.alloc(buf_len * sizeof(T)));
+  }
+  Mismatch* mm = static_cast<Mismatch*>(bufs.alloc(sizeof(Mismatch)));
+  check_cuda(cudaMemset(mm, 0, sizeof(Mismatch)), "clearing the mismatch record");
+  check_cuda(cudaDeviceSynchronize(), "preparing the stress test");
+
+  const int threads = 256;
+  const int grid = static_cast<int>(std::min<int64_t>(1024, (buf_len + threads - 1) / threads));
+  for (size_t c = 0; c < counts.size(); ++c) {
+    const int64_t count = counts[c];
+    const int64_t off = kGuardFront + ((c % 4 == 3) ? 1 : 0);  // every 4th call misaligned
+    for (int r = 0; r < n; ++r) {
+      cudaStream_t s = comm.rank(0, r).stream;
+      fill_bits_kernel<T><<<grid, threads, 0, s>>>(out[r], buf_len, guard);
+      gen_kernel<T><<<grid, threads, 0, s>>>(in[r] + off, count, seed, c, r);
+      const uint64_t h = mix64(seed ^ (c * 131 + r));
+      if (max_delay_us > 0 && (h & 3) == 0) {
+        delay_kernel<<<1, 1, 0, s>>>((h >> 8) % (static_cast<uint64_t>(max_delay_us) * 1000 + 1));
+      }
+      check_cuda(launch_all_reduce(algorithm, dtype, op, comm.rank(0, r).view, in[r] + off,
+                                   out[r] + off, count, s),
+                 "launching an all-reduce of " + std::to_string(count) + " elements");
+      check_kernel<T, Op><<<grid, threads, 0, s>>>(out[r], buf_len, off, count, n, seed, c, r,
+                                                   guard, mm);
+      check_cuda(cudaGetLastError(), "launching the stress kernels");
+    }
+  }
+  sync_ranks(comm);
+  Mismatch h{};
+  check_cuda(cudaMemcpy(&h, mm, sizeof(h), cudaMemcpyDeviceToHost), "reading the mismatch record");
+  StressResult res;
+  res.calls = counts.size();
+  res.mismatches = h.count;
+  if (h.count) {
+    res.first_call = h.call;
+    res.first_rank = h.rank;
+    res.first_index = h.index;
+    res.got_bits = h.got;
+    res.want_bits = h.want;
+  }
+  res.error = first_error(comm);
+  return res;
+}
+
+template <class T>
+StressResult stress_op(Comm& comm, Algorithm a, DType d, ReduceOp op,
+                       const std::vector<int64_t>& counts, uint64_t seed, int delay) {
+  switch (op) {
+    case ReduceOp::kSum: return stress_typed<T, SumOp>(comm, a, d, op, counts, seed, delay);
+    case ReduceOp::kMax: return stress_typed<T, MaxOp>(comm, a, d, op, counts, seed, delay);
+    case ReduceOp::kMin: return stress_typed<T, MinOp>(comm, a, d, op, counts, seed, delay);
+  }
+  throw std::runtime_error("unknown reduction");
+}
+
+// Captures `iters` rounds of `enqueue(rank, stream)` on every rank's stream into
+// one graph, replays it `reps` times and returns microseconds per round.
+template <class Enqueue>
+std::vector<double> time_graph(Comm& comm, int iters, int reps, Enqueue&& enqueue) {
+  const int n = comm.group_size();
+  cudaStream_t origin;
+  check_cuda(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), "creating a stream");
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  std::vector<double> out;
+  auto cleanup = [&] {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+    cudaStreamDestroy(origin);
+  };
+  try {
+    check_cuda(cudaStreamBeginCapture(origin, cudaStreamCaptureModeThreadLocal), "capturing");
+    check_cuda(cudaEventRecord(comm.fork_event(), origin), "capturing the fork");
+    for (int r = 0; r < n; ++r)
+      check_cuda(cudaStreamWaitEvent(comm.rank(0, r).stream, comm.fork_event(), 0), "capturing");
+    for (int k = 0; k < iters; ++k)
+      for (int r = 0; r < n; ++r) check_cuda(enqueue(r, comm.rank(0, r).stream), "capturing a call");
+    for (int r = 0; r < n; ++r) {
+      check_cuda(cudaEventRecord(comm.rank(0, r).done, comm.rank(0, r).stream), "capturing");
+      check_cuda(cudaStreamWaitEvent(origin, comm.rank(0, r).done, 0), "capturing the join");
+    }
+    check_cuda(cudaStreamEndCapture(origin, &graph), "ending the capture");
+    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiating the graph");
+    check_cuda(cudaGraphLaunch(exec, origin), "launching the graph");
+    check_cuda(cudaStreamSynchronize(origin), "running the graph");
+    const std::string err = first_error(comm);
+    if (!err.empty()) throw std::runtime_error(err);
+    check_cuda(cudaEventCreate(&start), "creating an event");
+    check_cuda(cudaEventCreate(&stop), "creating an event");
+    for (int rep = 0; rep < reps; ++rep) {
+      check_cuda(cudaEventRecord(start, origin), "timing");
+      check_cuda(cudaGraphLaunch(exec, origin), "launching the graph");
+      check_cuda(cudaEventRecord(stop, origin), "timing");
+      check_cuda(cudaEventSynchronize(stop), "timing");
+      float ms = 0;
+      check_cuda(cudaEventElapsedTime(&ms, start, stop), "timing");
+      out.push_back(ms * 1000.0 / iters);
+    }
+    const std::string err2 = first_error(comm);
+    if (!err2.empty()) throw std::runtime_error(err2);
+  } catch (...) {
+    cudaStreamCaptureStatus st;
+    if (cudaStreamIsCapturing(origin, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {
+      cudaGraph_t g;
+      cudaStreamEndCapture(origin, &g);
+      if (g) cudaGraphDestroy(g);
+    }
+    cudaGetLastError();
+    cleanup();
+    throw;
+  }
+  cleanup();
+  return out;
+}
+
+}  // namespace
+
+StressResult virtual_stress(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp op,
+                            const std::vector<int64_t>& counts, uint64_t seed, int max_delay_us) {
+  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_stress needs a virtual-rank workspace");
+  for (int64_t c : counts) {
+    if (c <= 0) throw std::runtime_error("element counts must be positive");
+  }
+  DeviceGuard guard(comm.rank(0, 0).ordinal);
+  switch (dtype) {
+    case DType::kF32: return stress_op<float>(comm, algorithm, dtype, op, counts, seed, max_delay_us);
+    case DType::kBF16:
+      return stress_op<__nv_bfloat16>(comm, algorithm, dtype, op, counts, seed, max_delay_us);
+    case DType::kF16: return stress_op<__half>(comm, algorithm, dtype, op, counts, seed, max_delay_us);
+    case DType::kI32: return stress_op<int32_t>(comm, algorithm, dtype, op, counts, seed, max_delay_us);
+  }
+  throw std::runtime_error("unknown dtype");
+}
+
+std::vector<double> virtual_bench(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp op,
+                                  int64_t count, int iters, int reps) {
+  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_bench needs a virtual-rank workspace");
+  if (count <= 0 || iters <= 0 || reps <= 0) throw std::runtime_error("count, iters and reps must be positive");
+  DeviceGuard guard(comm.rank(0, 0).ordinal);
+  const int n = comm.group_size();
+  const size_t bytes = static_cast<size_t>(count) * dtype_bytes(dtype);
+  Buffers bufs;
+  std::vector<void*> in(n), out(n);
+  for (int r = 0; r < n; ++r) {
+    in[r] = bufs.alloc(bytes);
+    out[r] = bufs.alloc(bytes);
+    // Small nonzero values: repeated sums stay finite for every dtype.
+    check_cuda(cudaMemset(in[r], 0x11, bytes), "filling inputs");
+  }
+  check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
+  return time_graph(comm, iters, reps, [&](int r, cudaStream_t s) {
+    return launch_all_reduce(algorithm, dtype, op, comm.rank(0, r).view, in[r], out[r], count, s);
+  });
+}
+
+std::vector<double> virtual_floor(Comm& comm, int iters, int reps) {
+  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_floor needs a virtual-rank workspace");
+  DeviceGuard guard(comm.rank(0, 0).ordinal);
+  return time_graph(comm, iters, reps, [&](int, cudaStream_t s) {
+    empty_kernel<<<1, 32, 0, s>>>();
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace jaxll

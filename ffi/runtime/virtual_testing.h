@@ -1,0 +1,44 @@
+// Tools over virtual-rank workspaces (N ranks on one GPU, one stream each):
+// a randomized stress test with an exact on-device check, and graph-based
+// kernel timing. Exposed to Python as jaxll.testing.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../kernels/all_reduce.h"
+#include "workspace.h"
+
+namespace jaxll {
+
+struct StressResult {
+  uint64_t calls = 0;
+  uint64_t mismatches = 0;   // elements whose bits differ from the exact expectation
+  int64_t first_call = -1;   // where the first mismatch was seen
+  int first_rank = -1;
+  int64_t first_index = -1;  // element index (negative: a guard element before the data)
+  uint32_t got_bits = 0;
+  uint32_t want_bits = 0;
+  std::string error;         // non-empty if a rank recorded an error (timeout)
+};
+
+// Runs counts.size() consecutive all-reduces on every virtual rank of `comm`,
+// each rank on its own stream with no synchronisation between ranks other than
+// the all-reduce itself (random delays skew the ranks further). Inputs are a
+// deterministic hash of (seed, call, rank, index); every output element, and
+// guard elements around it, are checked on the device bit for bit against the
+// same reduction computed in rank order.
+StressResult virtual_stress(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp op,
+                            const std::vector<int64_t>& counts, uint64_t seed, int max_delay_us);
+
+// Kernel time of one all-reduce, in microseconds, once per repetition: a CUDA
+// graph holds `iters` consecutive calls on every rank's stream (no joins between
+// calls) and is replayed `reps` times under CUDA events.
+std::vector<double> virtual_bench(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp op,
+                                  int64_t count, int iters, int reps);
+
+// The same graph with an empty kernel per rank and call: the graph-node floor.
+std::vector<double> virtual_floor(Comm& comm, int iters, int reps);
+
+}  // namespace jaxll

@@ -1,0 +1,336 @@
+#include "workspace.h"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+#include "../kernels/all_reduce.h"
+#include "jaxll/error_word.h"
+#include "jaxll/workspace_layout.h"
+
+namespace jaxll {
+
+void check_cuda(cudaError_t err, const std::string& what) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear a sticky launch error so later calls are not confused
+    throw std::runtime_error(what + ": " + cudaGetErrorName(err) + " (" +
+                             cudaGetErrorString(err) + ")");
+  }
+}
+
+namespace {
+
+// Restores the calling thread's current device on scope exit.
+class DeviceGuard {
+ public:
+  DeviceGuard() { has_ = cudaGetDevice(&prev_) == cudaSuccess; }
+  ~DeviceGuard() {
+    if (has_) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = 0;
+  bool has_ = false;
+};
+
+std::string where(const Rank& r) {
+  std::ostringstream os;
+  os << "group " << r.group << " rank " << r.rank << " (CUDA device " << r.ordinal << ")";
+  return os.str();
+}
+
+// Occupancy of the least-occupying kernel at kBlockThreads threads per block.
+int min_blocks_per_sm() {
+  int best = 1 << 30;
+  for (const void* fn : all_kernel_functions()) {
+    cudaFuncAttributes attr;
+    check_cuda(cudaFuncGetAttributes(&attr, fn), "loading jaxll kernels");
+    int blocks = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kBlockThreads, 0),
+               "querying kernel occupancy");
+    best = std::min(best, blocks);
+  }
+  return best == (1 << 30) ? 1 : std::max(best, 1);
+}
+
+}  // namespace
+
+std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& groups,
+                                   bool virtual_ranks, const WorkspaceConfig& config) {
+  if (groups.empty()) throw std::runtime_error("a workspace needs at least one group");
+  const size_t n = groups[0].size();
+  for (const auto& g : groups) {
+    if (g.size() != n) throw std::runtime_error("all groups of a workspace must have one size");
+  }
+  if (n < 1 || n > static_cast<size_t>(kMaxRanks)) {
+    throw std::runtime_error("group size " + std::to_string(n) + " is outside 1.." +
+                             std::to_string(kMaxRanks));
+  }
+  if (config.scratch_bytes < static_cast<size_t>(kLLPayloadBytes)) {
+    throw std::runtime_error("scratch_bytes must be at least 8");
+  }
+  if (virtual_ranks) {
+    if (groups.size() != 1) throw std::runtime_error("virtual ranks take exactly one group");
+    for (int o : groups[0]) {
+      if (o != groups[0][0]) throw std::runtime_error("virtual ranks must share one device");
+    }
+  } else {
+    std::vector<int> all;
+    for (const auto& g : groups) all.insert(all.end(), g.begin(), g.end());
+    std::sort(all.begin(), all.end());
+    if (std::adjacent_find(all.begin(), all.end()) != all.end()) {
+      throw std::runtime_error("a device appears twice in the groups of one workspace");
+    }
+  }
+
+  int device_count = 0;
+  check_cuda(cudaGetDeviceCount(&device_count), "counting CUDA devices");
+  for (const auto& g : groups) {
+    for (int o : g) {
+      if (o < 0 || o >= device_count) {
+        throw std::runtime_error("CUDA device " + std::to_string(o) + " does not exist (" +
+                                 std::to_string(device_count) + " visible)");
+      }
+    }
+  }
+
+  DeviceGuard guard;
+  std::unique_ptr<Comm> c(new Comm());
+  c->id_ = id;
+  c->virtual_ranks_ = virtual_ranks;
+  c->config_ = config;
+  try {
+    // Peer access inside every group (real ranks only).
+    if (!virtual_ranks) {
+      for (const auto& g : groups) {
+        for (int a : g) {
+          for (int b : g) {
+            if (a == b) continue;
+            int ok = 0;
+            check_cuda(cudaDeviceCanAccessPeer(&ok, a, b), "querying peer access");
+            if (!ok) {
+              throw std::runtime_error("CUDA device " + std::to_string(a) +
+                                       " cannot access the memory of device " +
+                                       std::to_string(b));
+            }
+            check_cuda(cudaSetDevice(a), "selecting a device");
+            cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+            if (e == cudaErrorPeerAccessAlreadyEnabled) {
+              cudaGetLastError();
+            } else {
+              check_cuda(e, "enabling peer access");
+            }
+          }
+        }
+      }
+    }
+
+    // Load every kernel on every device and bound the grid so that all blocks of
+    // all ranks sharing a device are co-resident.
+    const int ranks_per_device = virtual_ranks ? static_cast<int>(n) : 1;
+    int max_blocks = kMaxBlocks;
+    std::vector<int> seen;
+    for (const auto& g : groups) {
+      for (int o : g) {
+        if (std::find(seen.begin(), seen.end(), o) != seen.end()) continue;
+        seen.push_back(o);
+        check_cuda(cudaSetDevice(o), "selecting a device");
+        int sms = 0;
+        check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o),
+                   "querying the multiprocessor count");
+        const int resident = sms * min_blocks_per_sm() / ranks_per_device;
+        max_blocks = std::min(max_blocks, resident);
+      }
+    }
+    if (max_blocks < 1) {
+      throw std::runtime_error("the device cannot hold one block per rank for " +
+                               std::to_string(n) + " virtual ranks");
+    }
+    c->max_blocks_ = max_blocks;
+    const uint64_t packets = (config.scratch_bytes + kLLPayloadBytes - 1) / kLLPayloadBytes;
+    uint64_t spb = (packets + max_blocks - 1) / max_blocks;
+    spb = (spb + 31) / 32 * 32;
+    if (spb > 0xFFFFFFFFull) throw std::runtime_error("scratch_bytes is too large");
+    c->slots_per_block_ = static_cast<uint32_t>(spb);
+    c->capacity_bytes_ = static_cast<size_t>(max_blocks) * spb * kLLPayloadBytes;
+    c->bytes_per_rank_ =
+        kScratchOffset + ll_scratch_bytes(static_cast<int>(n), c->slots_per_block_, max_blocks);
+
+    // Allocate and clear every rank's workspace.
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      c->groups_.emplace_back();
+      for (size_t r = 0; r < n; ++r) {
+        auto rk = std::make_unique<Rank>();
+        rk->group = static_cast<int>(gi);
+        rk->rank = static_cast<int>(r);
+        rk->ordinal = groups[gi][r];
+        check_cuda(cudaSetDevice(rk->ordinal), "selecting a device");
+        check_cuda(cudaMalloc(&rk->base, c->bytes_per_rank_),
+                   "allocating " + std::to_string(c->bytes_per_rank_) + " bytes of workspace on " +
+                       where(*rk));
+        check_cuda(cudaHostAlloc(reinterpret_cast<void**>(&rk->host_error),
+                                 sizeof(unsigned long long),
+                                 cudaHostAllocMapped | cudaHostAllocPortable),
+                   "allocating the host error word");
+        *rk->host_error = 0;
+        if (virtual_ranks) {
+          check_cuda(cudaStreamCreateWithFlags(&rk->stream, cudaStreamNonBlocking),
+                     "creating a virtual rank's stream");
+          check_cuda(cudaEventCreateWithFlags(&rk->done, cudaEventDisableTiming),
+                     "creating an event");
+        }
+        c->groups_.back().push_back(std::move(rk));
+      }
+    }
+    if (virtual_ranks) {
+      check_cuda(cudaSetDevice(groups[0][0]), "selecting a device");
+      check_cuda(cudaEventCreateWithFlags(&c->fork_, cudaEventDisableTiming),
+                 "creating an event");
+    }
+
+    // Fill the views and the device-resident peer tables; clear the memory.
+    for (auto& g : c->groups_) {
+      PeerTable table{};
+      for (size_t r = 0; r < n; ++r) table.base[r] = static_cast<char*>(g[r]->base);
+      for (auto& rk : g) {
+        RankView& v = rk->view;
+        v.header = static_cast<WorkspaceHeader*>(rk->base);
+        unsigned long long* dev_err = nullptr;
+        check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev_err), rk->host_error, 0),
+                   "mapping the host error word");
+        v.host_error = dev_err;
+        v.peers = table;
+        v.rank = rk->rank;
+        v.nranks = static_cast<int>(n);
+        v.slots_per_block = c->slots_per_block_;
+        v.max_blocks = c->max_blocks_;
+        v.timeout_ns = config.timeout_ms * 1000000ull;
+
+        check_cuda(cudaSetDevice(rk->ordinal), "selecting a device");
+        cudaStream_t s;
+        check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "creating a stream");
+        WorkspaceHeader header{};
+        for (size_t r = 0; r < n; ++r) header.peer_bases[r] = g[r]->base;
+        cudaError_t e = cudaMemsetAsync(rk->base, 0, c->bytes_per_rank_, s);
+        if (e == cudaSuccess) {
+          e = cudaMemcpyAsync(rk->base, &header, sizeof(header), cudaMemcpyHostToDevice, s);
+        }
+        if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+        cudaStreamDestroy(s);
+        check_cuda(e, "clearing the workspace of " + where(*rk));
+      }
+    }
+  } catch (...) {
+    c->release();
+    throw;
+  }
+  return c;
+}
+
+Rank* Comm::rank_for_ordinal(int ordinal) const {
+  if (virtual_ranks_) return nullptr;
+  for (const auto& g : groups_) {
+    for (const auto& r : g) {
+      if (r->ordinal == ordinal) return r.get();
+    }
+  }
+  return nullptr;
+}
+
+uint64_t Comm::error_word(const Rank& r) const {
+  return r.host_error ? *reinterpret_cast<volatile unsigned long long*>(r.host_error) : 0;
+}
+
+std::string Comm::describe_error(const Rank& r, uint64_t word) const {
+  const DecodedError d = decode_error(word);
+  std::ostringstream os;
+  os << "jaxll: workspace " << id_ << ", " << where(r) << ": ";
+  if (d.kind == ErrorKind::kTimeout) {
+    os << "rank " << d.rank << " waited more than " << config_.timeout_ms << " ms for rank "
+       << d.peer << " (block " << d.block << ", epoch " << d.epoch
+       << ") and gave up. The ranks of this group are out of step: a rank did not "
+          "run the same sequence of jaxll calls, or was not scheduled. Results of "
+          "this and every later call on this workspace are poisoned (all-ones "
+          "bits, NaN for floats); free the workspace (jaxll.free_workspaces()) or "
+          "restart the process.";
+  } else {
+    os << "unknown error word 0x" << std::hex << word;
+  }
+  return os.str();
+}
+
+void Comm::release() {
+  DeviceGuard guard;
+  for (auto& g : groups_) {
+    for (auto& r : g) {
+      cudaSetDevice(r->ordinal);
+      if (r->stream) cudaStreamSynchronize(r->stream);
+      cudaDeviceSynchronize();
+      if (r->base) cudaFree(r->base);
+      if (r->host_error) cudaFreeHost(r->host_error);
+      if (r->stream) cudaStreamDestroy(r->stream);
+      if (r->done) cudaEventDestroy(r->done);
+      r->base = nullptr;
+      r->host_error = nullptr;
+      r->stream = nullptr;
+      r->done = nullptr;
+    }
+  }
+  if (fork_) cudaEventDestroy(fork_);
+  fork_ = nullptr;
+  groups_.clear();
+  cudaGetLastError();
+}
+
+Comm::~Comm() { release(); }
+
+// ---------------------------------------------------------------------------
+// Registry
+
+namespace {
+constexpr int kMaxComms = 4096;
+std::atomic<Comm*> g_comms[kMaxComms];
+std::mutex g_mu;
+int g_next_id = 1;
+}  // namespace
+
+int comm_create(const std::vector<std::vector<int>>& groups, bool virtual_ranks,
+                const WorkspaceConfig& config) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_next_id >= kMaxComms) throw std::runtime_error("too many jaxll workspaces created");
+  const int id = g_next_id;
+  std::unique_ptr<Comm> c = Comm::Create(id, groups, virtual_ranks, config);
+  ++g_next_id;
+  g_comms[id].store(c.release(), std::memory_order_release);
+  return id;
+}
+
+Comm* comm_lookup(int64_t id) {
+  if (id <= 0 || id >= kMaxComms) return nullptr;
+  return g_comms[id].load(std::memory_order_acquire);
+}
+
+bool comm_free(int64_t id) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (id <= 0 || id >= kMaxComms) return false;
+  Comm* c = g_comms[id].exchange(nullptr, std::memory_order_acq_rel);
+  delete c;
+  return c != nullptr;
+}
+
+void comm_free_all() {
+  for (int id : comm_ids()) comm_free(id);
+}
+
+std::vector<int> comm_ids() {
+  std::vector<int> ids;
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (int i = 1; i < g_next_id; ++i) {
+    if (g_comms[i].load(std::memory_order_acquire)) ids.push_back(i);
+  }
+  return ids;
+}
+
+}  // namespace jaxll

@@ -1,0 +1,98 @@
+// Symmetric workspaces ("comms") and the process-wide registry that owns them.
+//
+// A Comm serves one set of device groups that reduce together (for a mesh axis,
+// every group of that axis that has a device in this process). Each member device
+// is one rank of its group and owns one allocation laid out as in
+// jaxll/workspace_layout.h. Comms are built from Python at lowering time, never
+// inside an XLA Execute, and live until freed explicitly or at exit.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "jaxll/rank_view.h"
+
+namespace jaxll {
+
+struct WorkspaceConfig {
+  size_t scratch_bytes = 0;  // largest message (bytes per rank) the LL scratch holds
+  uint64_t timeout_ms = 0;   // deadline of every spin-wait
+};
+
+struct Rank {
+  int group = 0;
+  int rank = 0;
+  int ordinal = 0;                          // CUDA device ordinal
+  void* base = nullptr;                     // the rank's device allocation
+  unsigned long long* host_error = nullptr;  // mapped pinned mirror of the error word
+  RankView view{};                          // what its kernels get
+  cudaStream_t stream = nullptr;            // virtual ranks: the rank's own stream
+  cudaEvent_t done = nullptr;               // virtual ranks: joins the rank back
+};
+
+class Comm {
+ public:
+  // Builds the workspace: allocates and clears every rank's memory, makes peers
+  // reachable, loads every kernel on every device. Throws std::runtime_error
+  // with a readable message on failure (nothing is left allocated).
+  // groups[g] lists the CUDA ordinals of group g in rank order. With
+  // `virtual_ranks`, there is one group and all its ranks are on one device.
+  static std::unique_ptr<Comm> Create(int id, const std::vector<std::vector<int>>& groups,
+                                      bool virtual_ranks, const WorkspaceConfig& config);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  int id() const { return id_; }
+  bool virtual_ranks() const { return virtual_ranks_; }
+  const WorkspaceConfig& config() const { return config_; }
+  int group_count() const { return static_cast<int>(groups_.size()); }
+  int group_size() const { return groups_.empty() ? 0 : static_cast<int>(groups_[0].size()); }
+  Rank& rank(int group, int r) const { return *groups_[group][r]; }
+  // The rank a (non-virtual) comm runs on CUDA device `ordinal`, or null.
+  Rank* rank_for_ordinal(int ordinal) const;
+
+  uint32_t slots_per_block() const { return slots_per_block_; }
+  int max_blocks() const { return max_blocks_; }
+  size_t capacity_bytes() const { return capacity_bytes_; }
+  size_t bytes_per_rank() const { return bytes_per_rank_; }
+  cudaEvent_t fork_event() const { return fork_; }
+
+  // Error word of a rank as last written by its kernels (0: none).
+  uint64_t error_word(const Rank& r) const;
+  // A sentence describing an error word of this comm.
+  std::string describe_error(const Rank& r, uint64_t word) const;
+
+ private:
+  Comm() = default;
+  void release();
+
+  int id_ = 0;
+  bool virtual_ranks_ = false;
+  WorkspaceConfig config_;
+  std::vector<std::vector<std::unique_ptr<Rank>>> groups_;
+  uint32_t slots_per_block_ = 0;
+  int max_blocks_ = 0;
+  size_t capacity_bytes_ = 0;
+  size_t bytes_per_rank_ = 0;
+  cudaEvent_t fork_ = nullptr;
+};
+
+// The registry. Lookups are lock-free (safe from XLA's execution threads);
+// create and free take a lock. Ids are never reused within a process.
+int comm_create(const std::vector<std::vector<int>>& groups, bool virtual_ranks,
+                const WorkspaceConfig& config);
+Comm* comm_lookup(int64_t id);
+// Waits for the comm's devices to go idle, then frees it. False if unknown.
+bool comm_free(int64_t id);
+void comm_free_all();
+std::vector<int> comm_ids();
+
+// Throws std::runtime_error("<what>: <CUDA error>") if `err` is not cudaSuccess.
+void check_cuda(cudaError_t err, const std::string& what);
+
+}  // namespace jaxll

@@ -1,0 +1,44 @@
+"""jaxll: low-latency GPU collectives for JAX.
+
+``jaxll.all_reduce(x, axis_name)`` is a drop-in for ``jax.lax.psum`` inside
+``jax.shard_map``. On CUDA GPUs that can reach each other it runs jaxll's
+barrier-free kernels as an XLA FFI custom call over symmetric workspaces built
+once per mesh; elsewhere it lowers to XLA's own all-reduce.
+"""
+
+import jaxll._ext  # noqa: F401  (loads the extension, checks jaxlib, registers targets)
+from jaxll.algorithms import ALGORITHMS
+from jaxll.all_reduce import all_reduce
+from jaxll.call_sites import CallSite, explain, recent_call_sites
+from jaxll.lowering import AlgorithmUnavailableError
+from jaxll.workspace import (
+    CollectiveTimeoutError,
+    Workspace,
+    WorkspaceConfig,
+    check_errors,
+    errors,
+    free_workspaces,
+    get_config,
+    set_config,
+    workspaces,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALGORITHMS",
+    "AlgorithmUnavailableError",
+    "CallSite",
+    "CollectiveTimeoutError",
+    "Workspace",
+    "WorkspaceConfig",
+    "all_reduce",
+    "check_errors",
+    "errors",
+    "explain",
+    "free_workspaces",
+    "get_config",
+    "recent_call_sites",
+    "set_config",
+    "workspaces",
+]

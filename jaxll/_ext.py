@@ -1,0 +1,56 @@
+"""Loads the native extension, checks it matches the installed jaxlib, registers
+its XLA FFI targets."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jaxlib
+
+REBUILD_HINT = (
+    "Rebuild jaxll against the installed jaxlib, from the jaxll source tree:\n"
+    "  pip install --no-build-isolation --force-reinstall --no-deps .")
+
+
+def version_mismatch(built: str, installed: str) -> str | None:
+  """A message if an extension built against jaxlib `built` cannot be loaded by
+  jaxlib `installed`, else None. The XLA FFI ABI is versioned and a handler
+  built against newer headers is refused, so jaxll requires the exact version."""
+  if built == installed:
+    return None
+  return (f"jaxll was built against jaxlib {built}, but jaxlib {installed} is "
+          f"installed. The XLA FFI ABI is versioned, so the two must match.\n"
+          f"{REBUILD_HINT}\n(Set JAXLL_SKIP_VERSION_CHECK=1 to bypass this check "
+          f"at your own risk.)")
+
+
+try:
+  from jaxll import _jaxll as ext  # noqa: E402
+except ImportError as e:  # pragma: no cover - depends on the installation
+  raise ImportError(
+      f"jaxll's compiled extension (jaxll._jaxll) could not be loaded: {e}.\n"
+      "If you are running from a source checkout, install it first (it needs "
+      "nvcc):\n  pip install jax scikit-build-core nanobind\n"
+      "  pip install --no-build-isolation .") from e
+
+_problem = version_mismatch(ext.built_jaxlib_version, jaxlib.__version__)
+if _problem and not os.environ.get("JAXLL_SKIP_VERSION_CHECK"):
+  raise ImportError(_problem)
+
+
+def _register_targets() -> None:
+  try:
+    from jaxlib.xla_client import CustomCallTargetTraits
+    cmd_buffer = {"traits": CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE}
+  except (ImportError, AttributeError):  # pragma: no cover - older jaxlib
+    cmd_buffer = {}
+  for name, capsule in ext.handlers().items():
+    # jaxll_all_reduce keeps every per-call value on the device, so XLA may
+    # capture it into command buffers (CUDA graphs). The virtual-rank handler
+    # forks onto several streams and stays outside them.
+    extra = cmd_buffer if name == "jaxll_all_reduce" else {}
+    jax.ffi.register_ffi_target(name, capsule, platform="CUDA", **extra)
+
+
+_register_targets()

@@ -1,0 +1,188 @@
+"""``jaxll.all_reduce``: a drop-in for ``jax.lax.psum`` (and pmax/pmin) inside
+``jax.shard_map``, lowered to jaxll's kernels where they can serve.
+
+The primitive ``jaxll_all_reduce`` borrows its typing from psum's own
+primitives (so ``check_vma`` types, effects and error messages match psum's)
+and has the same differentiation and batching behaviour: sum is linear, its
+tangent is all-reduced the same way, and it transposes as psum does (to a
+no-op ``pvary`` under ``check_vma``, to another all-reduce without it).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import numpy as np
+from jax import lax
+from jax._src import config as jax_config
+from jax._src import core
+from jax._src import dispatch
+from jax._src.interpreters import ad, batching, mlir
+from jax._src.lax import parallel
+
+from jaxll import algorithms
+from jaxll.lowering import lower_all_reduce
+
+all_reduce_p = core.Primitive("jaxll_all_reduce")
+
+_REFERENCE = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
+
+
+def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto"):
+  """All-reduces ``x`` over the mesh axis (or axes) ``axis_name``.
+
+  Use it inside ``jax.shard_map`` where you would use ``jax.lax.psum``
+  (``op="sum"``), ``jax.lax.pmax`` (``op="max"``) or ``jax.lax.pmin``
+  (``op="min"``): results, output types under ``check_vma``, ``jit``, ``grad``
+  and ``vmap`` behave the same. ``x`` may be a pytree.
+
+  Args:
+    x: array (or pytree of arrays), the per-device value.
+    axis_name: a mesh axis name, or a tuple of them.
+    op: ``"sum"``, ``"max"`` or ``"min"``.
+    algorithm: ``"auto"`` picks per call site (see ``jaxll.algorithms``);
+      ``"xla"`` forces XLA's own all-reduce; a kernel name (e.g.
+      ``"oneshot_ll"``) forces that kernel and raises
+      :class:`AlgorithmUnavailableError` at lowering if it cannot serve the call.
+
+  Where no kernel can serve a call (CPU or other backends, a group spanning
+  processes, peers without peer access, unsupported dtype or size), it lowers to
+  XLA's all-reduce, exactly as ``psum`` would. ``jaxll.explain(f, *args)`` shows
+  which path each call site took.
+  """
+  if op not in algorithms.OP_CODES:
+    raise ValueError(f"jaxll.all_reduce: op must be one of "
+                     f"{sorted(algorithms.OP_CODES)}, got {op!r}")
+  if algorithm not in algorithms.ALGORITHMS:
+    raise ValueError(f"jaxll.all_reduce: algorithm must be one of "
+                     f"{list(algorithms.ALGORITHMS)}, got {algorithm!r}")
+  axes = _normalize_axes(axis_name)
+  _check_axes_bound(axes)
+  return jax.tree_util.tree_map(partial(_all_reduce_leaf, axes=axes, op=op,
+                                        algorithm=algorithm), x)
+
+
+def _normalize_axes(axis_name) -> tuple:
+  axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  if not axes:
+    raise ValueError("jaxll.all_reduce: axis_name must name at least one mesh axis")
+  for a in axes:
+    if isinstance(a, int):
+      raise TypeError(
+          f"jaxll.all_reduce reduces over named mesh axes; got the positional "
+          f"axis {a!r} (use jnp.sum for array axes)")
+  if len(set(axes)) != len(axes):
+    raise ValueError(f"jaxll.all_reduce: axis names repeat in {axes}")
+  return axes
+
+
+def _check_axes_bound(axes: tuple) -> None:
+  env = core.get_axis_env()
+  missing = [a for a in axes if not env.axis_exists(a)]
+  if missing:
+    raise NameError(
+        f"jaxll.all_reduce: unknown axis name {missing[0]!r}. Call it inside "
+        f"jax.shard_map (or jax.vmap/pmap with axis_name=...) over a mesh that "
+        f"has that axis.")
+
+
+def _all_reduce_leaf(x, *, axes, op, algorithm):
+  dtype = getattr(x, "dtype", None)
+  if dtype is None:
+    x = jax.numpy.asarray(x)
+    dtype = x.dtype
+  if dtypes_extended(dtype) or not (jax.numpy.issubdtype(dtype, jax.numpy.number)
+                                    or dtype == np.bool_):
+    raise TypeError(f"jaxll.all_reduce: unsupported dtype {dtype}; it reduces "
+                    f"numeric arrays (and bool, summed as int32, like psum)")
+  if dtype == np.bool_:
+    x = lax.convert_element_type(x, np.int32)
+  if not isinstance(x, core.Tracer):
+    # A constant: psum & co. compute it without any communication.
+    return _REFERENCE[op](x, axes)
+  check_vma = bool(jax_config._check_vma.value)
+  x = parallel.insert_collective_pvary(axes, x)
+  return all_reduce_p.bind(x, axes=axes, op=op, algorithm=algorithm, check_vma=check_vma)
+
+
+def dtypes_extended(dtype) -> bool:
+  return jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+
+
+# --- Typing ---------------------------------------------------------------------
+
+def _reference_primitive(op: str, check_vma: bool):
+  if op == "sum":
+    return parallel.psum_invariant_p if check_vma else parallel.psum_p
+  return parallel.pmax_p if op == "max" else parallel.pmin_p
+
+
+def _abstract_eval(aval, *, axes, op, algorithm, check_vma):
+  del algorithm
+  ref = _reference_primitive(op, check_vma)
+  with jax_config._check_vma(check_vma):
+    if ref is parallel.psum_invariant_p:
+      return ref.abstract_eval(aval, axes=axes)
+    return ref.abstract_eval(aval, axes=axes, axis_index_groups=None)
+
+
+all_reduce_p.def_effectful_abstract_eval(_abstract_eval)
+all_reduce_p.def_impl(partial(dispatch.apply_primitive, all_reduce_p))
+
+
+# --- Differentiation ------------------------------------------------------------
+
+def _transpose(ct, x, *, axes, op, algorithm, check_vma):
+  del x
+  if check_vma:
+    # Like psum_invariant: the cotangent of an invariant output is invariant;
+    # every device's input contributed to it, so it only changes type.
+    return (core.pvary(ct, axes),)
+  # Like psum without check_vma (psum followed by an implicit broadcast).
+  return (all_reduce_p.bind(ct, axes=axes, op=op, algorithm=algorithm,
+                            check_vma=check_vma),)
+
+
+ad.deflinear2(all_reduce_p, _transpose)
+_linear_jvp = ad.primitive_jvps[all_reduce_p]
+
+
+def _jvp(primals, tangents, *, axes, op, algorithm, check_vma):
+  if op != "sum":
+    raise NotImplementedError(
+        f"jaxll.all_reduce(op={op!r}) is not differentiable (neither is "
+        f"jax.lax.p{op}); only op='sum' is.")
+  return _linear_jvp(primals, tangents, axes=axes, op=op, algorithm=algorithm,
+                     check_vma=check_vma)
+
+
+ad.primitive_jvps[all_reduce_p] = _jvp
+
+
+# --- Batching -------------------------------------------------------------------
+
+def _batch(axis_data, vals_in, dims_in, *, axes, op, algorithm, check_vma):
+  (x,), (d,) = vals_in, dims_in
+  params = dict(op=op, algorithm=algorithm, check_vma=check_vma)
+  if axis_data.name not in axes:
+    # The batch dimension is just more data for the same collective.
+    return all_reduce_p.bind(x, axes=axes, **params), d
+  # The reduction includes the vmapped axis itself: reduce it locally first.
+  rest = tuple(a for a in axes if a != axis_data.name)
+  if d is None:
+    y = x * np.array(axis_data.size, dtype=x.dtype) if op == "sum" else x
+  else:
+    reducer = {"sum": jax.numpy.sum, "max": jax.numpy.max, "min": jax.numpy.min}[op]
+    y = reducer(x, axis=d)
+  if rest:
+    y = all_reduce_p.bind(y, axes=rest, **params)
+  return y, None
+
+
+batching.fancy_primitive_batchers[all_reduce_p] = _batch
+
+# --- Lowering ---------------------------------------------------------------------
+# Not cacheable: each call site is lowered (and recorded) on its own, and the
+# decision depends on the mesh in the lowering context.
+mlir.register_lowering(all_reduce_p, lower_all_reduce, cacheable=False)

@@ -1,0 +1,95 @@
+"""Which path each ``jaxll.all_reduce`` call site took.
+
+The lowering rule tags every op it emits with a frontend attribute ``jaxll_call``
+describing its decision (it is visible in ``jax.jit(f).lower(...).as_text()``
+and in XLA's HLO dumps), keeps the last decisions in memory, and logs them on
+the ``jaxll`` logger at INFO level (``JAXLL_LOG_PATHS=1`` turns that on).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import re
+import threading
+
+logger = logging.getLogger("jaxll")
+if os.environ.get("JAXLL_LOG_PATHS"):
+  logger.setLevel(logging.INFO)
+  if not logger.handlers:
+    logger.addHandler(logging.StreamHandler())
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSite:
+  """The decision taken for one call site of ``jaxll.all_reduce``."""
+  site: str          # "file.py:LINE (function)" of the user's call, when known
+  axes: str          # mesh axes reduced over, comma-separated
+  group_size: int    # devices per reduction group (0 if unknown)
+  shape: str         # per-device shape, e.g. "(1024,)"
+  dtype: str
+  nbytes: int        # bytes per device
+  op: str
+  requested: str     # algorithm asked for
+  algorithm: str     # algorithm it lowered to ("xla" = XLA's own all-reduce)
+  reason: str
+  workspace: int     # workspace id (0 for xla)
+
+  def encode(self) -> str:
+    parts = []
+    for f in dataclasses.fields(self):
+      text = str(getattr(self, f.name))
+      text = text.replace(";", ",").replace("=", ":").replace('"', "'").replace("\\", "/")
+      parts.append(f"{f.name}={text}")
+    return ";".join(parts)
+
+  @classmethod
+  def decode(cls, text: str) -> "CallSite":
+    values = dict(part.split("=", 1) for part in text.split(";"))
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+      v = values.get(f.name, "")
+      kwargs[f.name] = int(v) if f.type in ("int", int) else v
+    return cls(**kwargs)
+
+
+ATTRIBUTE = "jaxll_call"
+_recent: collections.deque[CallSite] = collections.deque(maxlen=1000)
+_recent_lock = threading.Lock()
+
+
+def record(site: CallSite) -> None:
+  with _recent_lock:
+    _recent.append(site)
+  logger.info("jaxll.all_reduce at %s: %s (%s) for %s %s over %s",
+              site.site, site.algorithm, site.reason, site.shape, site.dtype, site.axes)
+
+
+def recent_call_sites() -> list[CallSite]:
+  """Decisions of the most recent lowerings in this process (up to 1000)."""
+  with _recent_lock:
+    return list(_recent)
+
+
+_ATTR_RE = re.compile(ATTRIBUTE + r'\s*=\s*"([^"]*)"')
+
+
+def call_sites_in(text: str) -> list[CallSite]:
+  """The decisions recorded in lowered StableHLO / HLO text, in program order."""
+  return [CallSite.decode(m.group(1)) for m in _ATTR_RE.finditer(text)]
+
+
+def explain(fn, *args, **kwargs) -> list[CallSite]:
+  """Lowers ``jax.jit(fn)`` for these arguments and returns, for every
+  ``jaxll.all_reduce`` call site in it, the path it took.
+
+  Example::
+
+    for site in jaxll.explain(step, params, batch):
+      print(site.site, site.algorithm, site.reason)
+  """
+  import jax
+  jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+  return call_sites_in(jitted.lower(*args, **kwargs).as_text())

@@ -1,0 +1,173 @@
+"""Lowering of ``jaxll_all_reduce``: choose a path per call site, then emit either
+the ``jaxll_all_reduce`` FFI custom call or XLA's own all-reduce.
+
+The decision needs what only the lowering knows: the platform, the concrete
+mesh (which devices form each reduction group) and the per-device message size.
+The workspace a kernel needs is built here, before the program ever runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import jax
+import numpy as np
+from jax._src.interpreters import mlir
+from jax._src.lax import parallel
+from jax._src.lib.mlir import ir
+
+from jaxll import algorithms, call_sites, workspace
+from jaxll._ext import ext
+
+
+class AlgorithmUnavailableError(ValueError):
+  """An algorithm forced with ``algorithm=`` cannot serve a call site."""
+
+
+@dataclasses.dataclass
+class Decision:
+  algorithm: str
+  reason: str
+  workspace: int = 0
+  group_size: int = 0
+
+
+def _xla_rule(op: str):
+  prim = {"sum": parallel.psum_p, "max": parallel.pmax_p, "min": parallel.pmin_p}[op]
+  return mlir._lowerings[prim].rule
+
+
+def _platforms(ctx) -> tuple[str, ...]:
+  platforms = getattr(ctx, "platforms", None) or ctx.module_context.platforms
+  return tuple(platforms)
+
+
+def _site(ctx) -> str:
+  tb = getattr(ctx, "traceback", None)
+  frames = list(getattr(tb, "frames", None) or ())
+  here = os.path.dirname(os.path.abspath(__file__))
+  jax_dir = os.path.dirname(os.path.abspath(jax.__file__))
+  for fr in frames:
+    path = os.path.abspath(fr.file_name)
+    if path.startswith(here) or path.startswith(jax_dir):
+      continue
+    return f"{os.path.basename(fr.file_name)}:{fr.line_num} ({fr.function_name})"
+  return "unknown"
+
+
+def reduction_groups(mesh, axes: tuple) -> list[list]:
+  """The device groups of `mesh` that reduce together over `axes`, each in rank
+  order (row-major over `axes` in the order given)."""
+  names = tuple(mesh.axis_names)
+  devices = np.asarray(mesh.devices)
+  reduced = [names.index(a) for a in axes]
+  kept = [i for i in range(len(names)) if i not in reduced]
+  size = math.prod(devices.shape[i] for i in reduced)
+  arranged = np.transpose(devices, kept + reduced).reshape(-1, size)
+  return [list(row) for row in arranged]
+
+
+def _peers_reachable(groups: list[list]) -> str | None:
+  for g in groups:
+    for a in g:
+      for b in g:
+        if a is not b and not ext.can_access_peer(a.local_hardware_id, b.local_hardware_id):
+          return (f"GPU {a.local_hardware_id} cannot access GPU "
+                  f"{b.local_hardware_id} (no peer access)")
+  return None
+
+
+def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
+  """Chooses the path of one call site; raises AlgorithmUnavailableError when a
+  forced kernel cannot serve it."""
+  nbytes = int(aval.size) * np.dtype(aval.dtype).itemsize
+
+  def xla(reason: str, group_size: int = 0) -> Decision:
+    if requested not in (algorithms.AUTO, algorithms.XLA):
+      raise AlgorithmUnavailableError(
+          f"jaxll.all_reduce(algorithm={requested!r}) cannot serve the call at "
+          f"{_site(ctx)} ({aval.str_short()} over {axes}): {reason}")
+    return Decision(algorithms.XLA, reason, 0, group_size)
+
+  if requested == algorithms.XLA:
+    return Decision(algorithms.XLA, "algorithm='xla' requested")
+  if os.environ.get("JAXLL_DISABLE"):
+    return xla("JAXLL_DISABLE is set")
+  platforms = _platforms(ctx)
+  if platforms != ("cuda",):
+    return xla(f"lowering for {'/'.join(platforms)}; jaxll kernels run on CUDA GPUs")
+  if aval.size == 0:
+    return xla("empty array")
+  mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+  if mesh is None or not hasattr(mesh, "devices"):
+    return xla("no concrete device mesh at lowering time")
+  groups = reduction_groups(mesh, axes)
+  n = len(groups[0])
+
+  if requested == algorithms.AUTO:
+    name, reason = algorithms.choose_auto(n, nbytes, aval.dtype, op)
+    if name == algorithms.XLA:
+      return Decision(algorithms.XLA, reason, 0, n)
+  else:
+    name, reason = requested, f"algorithm={requested!r} requested"
+    problem = algorithms.kernel_limits(name, aval.dtype, op)
+    if problem:
+      return xla(problem, n)
+
+  if n > ext.max_ranks:
+    return xla(f"group of {n} devices exceeds the kernels' limit of {ext.max_ranks}", n)
+  me = jax.process_index()
+  if any(d.process_index != me for g in groups for d in g):
+    return xla("a reduction group spans processes (multi-process support is not "
+               "built yet)", n)
+  if any(d.platform != "gpu" for g in groups for d in g):
+    return xla("mesh devices are not CUDA GPUs", n)
+  problem = _peers_reachable(groups)
+  if problem:
+    return xla(problem, n)
+
+  ws = workspace.get_workspace([[d.local_hardware_id for d in g] for g in groups],
+                               [[d.id for d in g] for g in groups])
+  if nbytes > ws.capacity_bytes:
+    return xla(f"{nbytes} bytes per device exceed the workspace capacity of "
+               f"{ws.capacity_bytes} bytes (raise it with "
+               f"jaxll.set_config(scratch_bytes=...) or JAXLL_SCRATCH_BYTES)", n)
+  return Decision(name, reason, ws.id, n)
+
+
+def _tag(results, site: call_sites.CallSite) -> None:
+  value = ir.StringAttr.get(site.encode())
+  for r in results:
+    owner = getattr(r, "owner", None)
+    if owner is None:
+      continue
+    op = getattr(owner, "operation", owner)
+    existing = {}
+    if "mhlo.frontend_attributes" in op.attributes:
+      old = ir.DictAttr(op.attributes["mhlo.frontend_attributes"])
+      existing = {old[i].name: old[i].attr for i in range(len(old))}
+    existing[call_sites.ATTRIBUTE] = value
+    op.attributes["mhlo.frontend_attributes"] = ir.DictAttr.get(existing)
+
+
+def lower_all_reduce(ctx, x, *, axes, op, algorithm, check_vma):
+  del check_vma
+  aval = ctx.avals_in[0]
+  decision = decide(ctx, aval, axes, op, algorithm)
+  if decision.algorithm == algorithms.XLA:
+    results = _xla_rule(op)(ctx, x, axes=axes, axis_index_groups=None)
+  else:
+    rule = jax.ffi.ffi_lowering("jaxll_all_reduce")
+    results = rule(ctx, x, comm=np.int64(decision.workspace),
+                   algorithm=np.int64(algorithms.SPECS[decision.algorithm].code),
+                   op=np.int64(algorithms.OP_CODES[op]))
+  site = call_sites.CallSite(
+      site=_site(ctx), axes=",".join(map(str, axes)), group_size=decision.group_size,
+      shape=str(tuple(aval.shape)), dtype=str(np.dtype(aval.dtype)),
+      nbytes=int(aval.size) * np.dtype(aval.dtype).itemsize, op=op, requested=algorithm,
+      algorithm=decision.algorithm, reason=decision.reason, workspace=decision.workspace)
+  _tag(results, site)
+  call_sites.record(site)
+  return results

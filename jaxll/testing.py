@@ -1,0 +1,139 @@
+"""Virtual ranks: N ranks of one group on a single GPU.
+
+Each virtual rank has its own workspace allocation and its own CUDA stream and
+runs the same kernels as a real rank, so multi-rank logic (the LL protocol,
+epochs, double buffering, timeouts) can be tested and tuned on one GPU.
+
+- :func:`virtual_all_reduce` all-reduces the rows of an ``(N, ...)`` array as N
+  virtual ranks, through JAX (works under ``jit``).
+- :func:`stress` runs long randomized sequences of calls with the ranks skewed
+  against each other and checks every element bit for bit on the device.
+- :func:`kernel_time_us` and :func:`graph_floor_us` time kernels inside CUDA
+  graphs.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from jaxll import algorithms, workspace
+from jaxll._ext import ext
+
+
+def _cuda_device(device=None):
+  if device is not None:
+    if device.platform != "gpu":
+      raise ValueError(f"virtual ranks need a CUDA GPU, got {device}")
+    return device
+  try:
+    gpus = jax.devices("cuda")
+  except RuntimeError:
+    gpus = []
+  if not gpus:
+    raise RuntimeError("virtual ranks need a CUDA GPU and JAX's CUDA backend; none found")
+  return gpus[0]
+
+
+def virtual_workspace(nranks: int, *, device=None,
+                      config: workspace.WorkspaceConfig | None = None) -> workspace.Workspace:
+  """The workspace of `nranks` virtual ranks on `device` (first GPU by default)."""
+  if not 1 <= nranks <= ext.max_ranks:
+    raise ValueError(f"nranks must be in 1..{ext.max_ranks}, got {nranks}")
+  dev = _cuda_device(device)
+  return workspace.get_workspace([[dev.local_hardware_id] * nranks], [[dev.id] * nranks],
+                                 virtual=True, config=config)
+
+
+def _kernel_name(algorithm: str) -> str:
+  name = algorithms.ONESHOT_LL if algorithm == algorithms.AUTO else algorithm
+  if name not in algorithms.SPECS or algorithms.SPECS[name].code == 0:
+    kernels = [n for n, s in algorithms.SPECS.items() if s.code]
+    raise ValueError(f"virtual ranks run jaxll kernels ({kernels}), not {algorithm!r}")
+  return name
+
+
+def virtual_all_reduce(x, *, op: str = "sum", algorithm: str = "oneshot_ll", device=None,
+                       config: workspace.WorkspaceConfig | None = None, _skip_rank: int = -1):
+  """All-reduces the rows of ``x`` (shape ``(N, ...)``) as N virtual ranks.
+
+  Row r is rank r's input; every row of the result is the reduction (bitwise
+  identical across rows). Runs as one XLA custom call that forks onto the N
+  ranks' streams, so it composes with ``jax.jit``. ``x`` must live on `device`
+  (the first GPU by default).
+  """
+  x = jax.numpy.asarray(x)
+  if x.ndim < 1:
+    raise ValueError("virtual_all_reduce needs an (N, ...) array, one row per rank")
+  if op not in algorithms.OP_CODES:
+    raise ValueError(f"op must be one of {sorted(algorithms.OP_CODES)}, got {op!r}")
+  name = _kernel_name(algorithm)
+  problem = algorithms.kernel_limits(name, x.dtype, op)
+  if problem:
+    raise TypeError(f"virtual_all_reduce: {problem}")
+  n = int(x.shape[0])
+  ws = virtual_workspace(n, device=device, config=config)
+  nbytes = int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize
+  if nbytes > ws.capacity_bytes:
+    raise ValueError(f"virtual_all_reduce: {nbytes} bytes per rank exceed the "
+                     f"workspace capacity of {ws.capacity_bytes} bytes")
+  call = jax.ffi.ffi_call("jaxll_virtual_all_reduce",
+                          jax.ShapeDtypeStruct(x.shape, x.dtype))
+  return call(x, comm=np.int64(ws.id), algorithm=np.int64(algorithms.SPECS[name].code),
+              op=np.int64(algorithms.OP_CODES[op]), skip_rank=np.int64(_skip_rank))
+
+
+def stress(nranks: int, counts, *, dtype="float32", op: str = "sum",
+           algorithm: str = "oneshot_ll", seed: int = 0, max_delay_us: int = 20,
+           device=None, config: workspace.WorkspaceConfig | None = None) -> dict:
+  """Runs ``len(counts)`` consecutive all-reduces (``counts[i]`` elements each)
+  on every virtual rank, ranks racing each other (random delays of up to
+  `max_delay_us`), and checks every output element and the guard elements
+  around it bit for bit on the device. Returns a dict with ``mismatches`` (0 if
+  all correct), the first mismatch, and ``error`` (a recorded timeout, if any).
+  """
+  name = _kernel_name(algorithm)
+  dtype = np.dtype(jax.numpy.dtype(dtype))
+  problem = algorithms.kernel_limits(name, dtype, op)
+  if problem:
+    raise TypeError(f"stress: {problem}")
+  ws = virtual_workspace(nranks, device=device, config=config)
+  counts = [int(c) for c in counts]
+  too_big = [c for c in counts if c * dtype.itemsize > ws.capacity_bytes]
+  if too_big:
+    raise ValueError(f"stress: {max(too_big)} elements exceed the workspace capacity "
+                     f"of {ws.capacity_bytes} bytes")
+  return ext.virtual_stress(ws.id, algorithms.SPECS[name].code,
+                            algorithms.DTYPE_CODES[dtype.name], algorithms.OP_CODES[op],
+                            counts, int(seed), int(max_delay_us))
+
+
+def kernel_time_us(nranks: int, nbytes: int, *, dtype="float32", op: str = "sum",
+                   algorithm: str = "oneshot_ll", iters: int = 200, reps: int = 20,
+                   device=None, config: workspace.WorkspaceConfig | None = None) -> list[float]:
+  """Kernel time per all-reduce call (µs), one value per repetition: a CUDA graph
+  of `iters` back-to-back calls on every virtual rank, replayed `reps` times."""
+  name = _kernel_name(algorithm)
+  dtype = np.dtype(jax.numpy.dtype(dtype))
+  ws = virtual_workspace(nranks, device=device, config=config)
+  count = max(1, nbytes // dtype.itemsize)
+  return list(ext.virtual_bench(ws.id, algorithms.SPECS[name].code,
+                                algorithms.DTYPE_CODES[dtype.name], algorithms.OP_CODES[op],
+                                count, int(iters), int(reps)))
+
+
+def graph_floor_us(nranks: int, *, iters: int = 200, reps: int = 20, device=None,
+                   config: workspace.WorkspaceConfig | None = None) -> list[float]:
+  """Time per round of the same graph with an empty kernel per rank: the floor
+  that graph-node launches put under :func:`kernel_time_us`."""
+  ws = virtual_workspace(nranks, device=device, config=config)
+  return list(ext.virtual_floor(ws.id, int(iters), int(reps)))
+
+
+def device_ordinal(device=None) -> int:
+  """The device ordinal XLA passes to FFI handlers on `device` (it must equal
+  ``device.local_hardware_id`` for jaxll's per-device state to be right)."""
+  dev = _cuda_device(device)
+  call = jax.ffi.ffi_call("jaxll_device_ordinal", jax.ShapeDtypeStruct((), np.int32))
+  with jax.default_device(dev):
+    return int(jax.jit(call)())

@@ -1,0 +1,176 @@
+"""The process-wide registry of symmetric workspaces.
+
+A workspace serves one set of device groups that reduce together (every group of
+one mesh axis, or N virtual ranks on one GPU). It is created the first time a
+lowering needs it, at trace/lowering time and never inside an XLA execution,
+cached under a stable key (the groups' device ids and the configuration), and
+reused by every jitted function and step after that. It is freed by
+:func:`free_workspaces` or at interpreter exit.
+
+Memory per rank: ``4 * N * scratch_bytes`` plus 4 KiB, for a group of N
+devices (the LL scratch holds, for each of two epoch parities, N incoming
+copies of a ``scratch_bytes`` message at 16 bytes per 8 bytes of payload). With
+the default 512 KiB, a group of 8 GPUs uses 16 MiB on each GPU.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import threading
+from typing import Sequence
+
+from jaxll._ext import ext
+
+DEFAULT_SCRATCH_BYTES = 512 * 1024
+DEFAULT_TIMEOUT_MS = 10_000
+
+
+class CollectiveTimeoutError(RuntimeError):
+  """A jaxll kernel gave up waiting for a peer: the ranks are out of step."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkspaceConfig:
+  """How workspaces are built.
+
+  Attributes:
+    scratch_bytes: the largest message, in bytes per rank, the one-shot kernel
+      serves; larger messages go to XLA's all-reduce. Memory per rank is
+      ``4 * N * scratch_bytes`` for a group of N devices.
+    timeout_ms: how long a kernel waits for a peer before it gives up, records
+      an error and poisons its output (instead of hanging the GPU).
+  """
+  scratch_bytes: int = DEFAULT_SCRATCH_BYTES
+  timeout_ms: int = DEFAULT_TIMEOUT_MS
+
+  def __post_init__(self):
+    if int(self.scratch_bytes) < 8:
+      raise ValueError(f"scratch_bytes must be at least 8, got {self.scratch_bytes}")
+    if int(self.timeout_ms) < 1:
+      raise ValueError(f"timeout_ms must be at least 1, got {self.timeout_ms}")
+
+
+def _env_int(name: str, default: int) -> int:
+  value = os.environ.get(name)
+  if value is None:
+    return default
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+_config = WorkspaceConfig(
+    scratch_bytes=_env_int("JAXLL_SCRATCH_BYTES", DEFAULT_SCRATCH_BYTES),
+    timeout_ms=_env_int("JAXLL_TIMEOUT_MS", DEFAULT_TIMEOUT_MS))
+
+
+def get_config() -> WorkspaceConfig:
+  """The configuration new workspaces are built with."""
+  return _config
+
+
+def set_config(**changes) -> WorkspaceConfig:
+  """Changes the configuration of workspaces built from now on.
+
+  Existing workspaces keep theirs; functions lowered later use workspaces with
+  the new configuration. Accepts the fields of :class:`WorkspaceConfig`; the
+  environment variables ``JAXLL_SCRATCH_BYTES`` and ``JAXLL_TIMEOUT_MS`` set the
+  initial values.
+  """
+  global _config
+  _config = dataclasses.replace(_config, **changes)
+  return _config
+
+
+@dataclasses.dataclass(frozen=True)
+class Workspace:
+  """A built workspace (read-only description)."""
+  id: int
+  virtual: bool
+  device_ids: tuple[tuple[int, ...], ...]  # jax Device.id of each rank, per group
+  ordinals: tuple[tuple[int, ...], ...]    # CUDA ordinal of each rank, per group
+  config: WorkspaceConfig
+  capacity_bytes: int   # largest message per rank the kernels accept
+  bytes_per_rank: int   # device memory each rank holds
+  max_blocks: int       # grid bound that keeps every block co-resident
+
+
+_lock = threading.Lock()
+_registry: dict[tuple, Workspace] = {}
+
+
+def get_workspace(ordinals: Sequence[Sequence[int]], device_ids: Sequence[Sequence[int]],
+                  *, virtual: bool = False,
+                  config: WorkspaceConfig | None = None) -> Workspace:
+  """Returns the workspace for these groups, building it on first use."""
+  config = config or _config
+  ordinals = tuple(tuple(int(o) for o in g) for g in ordinals)
+  device_ids = tuple(tuple(int(d) for d in g) for g in device_ids)
+  key = (virtual, device_ids, ordinals, config)
+  with _lock:
+    ws = _registry.get(key)
+    if ws is None:
+      comm = ext.create_comm([list(g) for g in ordinals], virtual,
+                             int(config.scratch_bytes), int(config.timeout_ms))
+      info = ext.comm_info(comm)
+      ws = Workspace(id=comm, virtual=virtual, device_ids=device_ids, ordinals=ordinals,
+                     config=config, capacity_bytes=int(info["capacity_bytes"]),
+                     bytes_per_rank=int(info["bytes_per_rank"]),
+                     max_blocks=int(info["max_blocks"]))
+      _registry[key] = ws
+    return ws
+
+
+def workspaces() -> list[Workspace]:
+  """The workspaces built so far in this process."""
+  with _lock:
+    return sorted(_registry.values(), key=lambda w: w.id)
+
+
+def free_workspaces() -> None:
+  """Frees every workspace, after waiting for their devices to go idle.
+
+  Compiled functions refer to workspaces by id, so this also clears JAX's
+  caches: functions are lowered again (building new workspaces) when next
+  called. Call it only when no jaxll computation is in flight.
+  """
+  import jax
+  with _lock:
+    _registry.clear()
+    ext.free_all()
+  jax.clear_caches()
+
+
+def errors() -> list[str]:
+  """Messages for every error jaxll kernels recorded (empty if none)."""
+  out = []
+  for ws in workspaces():
+    for *_, message in ext.comm_errors(ws.id):
+      out.append(message)
+  return out
+
+
+def check_errors() -> None:
+  """Raises :class:`CollectiveTimeoutError` if a jaxll kernel has given up.
+
+  A kernel that times out waiting for a peer records who waited for whom and
+  fills its output with all-ones bits (NaN for floats) rather than hang. Under
+  CUDA graphs / XLA command buffers the host is not consulted on every call, so
+  call this after a step to turn such a failure into an exception.
+  """
+  found = errors()
+  if found:
+    raise CollectiveTimeoutError("\n".join(found))
+
+
+@atexit.register
+def _free_at_exit() -> None:
+  with _lock:
+    _registry.clear()
+    try:
+      ext.free_all()
+    except Exception:  # pragma: no cover - interpreter teardown
+      pass

@@ -1,0 +1,275 @@
+"""CPU tier: jaxll.all_reduce against lax.psum/pmax/pmin on 8 virtual CPU devices.
+
+On CPU every call lowers to XLA's all-reduce, so these tests pin down the
+JAX-level behaviour (results, check_vma typing, grad, vmap, multi-axis meshes,
+many call sites, errors, path reporting) independently of the kernels.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxll
+from jaxll import algorithms, lowering
+
+REFERENCE = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
+
+
+@pytest.fixture(scope="module")
+def mesh1(cpu_devices):
+  return jax.make_mesh((8,), ("tp",), devices=cpu_devices)
+
+
+@pytest.fixture(scope="module")
+def mesh2(cpu_devices):
+  return jax.make_mesh((2, 4), ("dp", "tp"), devices=cpu_devices)
+
+
+def _put(mesh, x, spec):
+  return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+def _run_pair(mesh, body_j, body_ref, x, in_spec, out_spec, check_vma=True):
+  fj = jax.jit(jax.shard_map(body_j, mesh=mesh, in_specs=in_spec, out_specs=out_spec,
+                             check_vma=check_vma))
+  fr = jax.jit(jax.shard_map(body_ref, mesh=mesh, in_specs=in_spec, out_specs=out_spec,
+                             check_vma=check_vma))
+  xs = _put(mesh, x, in_spec)
+  return np.asarray(fj(xs)), np.asarray(fr(xs))
+
+
+def _random(shape, dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  if np.dtype(dtype) == np.bool_:
+    return rng.integers(0, 2, size=shape).astype(bool)
+  if jnp.issubdtype(dtype, jnp.integer):
+    return rng.integers(-50, 50, size=shape).astype(dtype)
+  return rng.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32,
+                                   jnp.int8, jnp.bool_])
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_matches_reference_1d(mesh1, dtype, op):
+  if dtype == jnp.bool_ and op != "sum":
+    pytest.skip("pmax/pmin of bool is not a psum-like case")
+  x = _random((8 * 3, 5), dtype)
+  got, want = _run_pair(mesh1, lambda v: jaxll.all_reduce(v, "tp", op=op),
+                        lambda v: REFERENCE[op](v, "tp"), x, P("tp"), P())
+  assert got.dtype == want.dtype
+  np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("axes", ["tp", "dp", ("dp", "tp"), ("tp", "dp")])
+def test_two_axis_mesh(mesh2, axes):
+  x = _random((8, 7), np.float32, seed=1)
+  got, want = _run_pair(mesh2, lambda v: jaxll.all_reduce(v, axes),
+                        lambda v: jax.lax.psum(v, axes), x, P(("dp", "tp")), P(("dp", "tp")),
+                        check_vma=False)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_typing_matches_psum(mesh2, check_vma):
+  types = {}
+
+  def body(v):
+    w = v * 2  # varying over both axes
+    c = jnp.ones((3,), jnp.float32)  # invariant: psum inserts pvary, so must we
+    types["tp"] = (jax.typeof(jaxll.all_reduce(w, "tp")), jax.typeof(jax.lax.psum(w, "tp")))
+    types["both"] = (jax.typeof(jaxll.all_reduce(w, ("dp", "tp"))),
+                     jax.typeof(jax.lax.psum(w, ("dp", "tp"))))
+    types["inv"] = (jax.typeof(jaxll.all_reduce(c, "tp")), jax.typeof(jax.lax.psum(c, "tp")))
+    types["max"] = (jax.typeof(jaxll.all_reduce(w, "dp", op="max")),
+                    jax.typeof(jax.lax.pmax(w, "dp")))
+    return v
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh2, in_specs=P(("dp", "tp")),
+                            out_specs=P(("dp", "tp")), check_vma=check_vma))
+  f.lower(_put(mesh2, np.ones((8, 3), np.float32), P(("dp", "tp"))))
+  for name, (ours, theirs) in types.items():
+    assert ours == theirs, (name, ours, theirs)
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_grad_matches_psum(mesh1, check_vma):
+  x = _random((8 * 2, 3), np.float32, seed=2)
+
+  def loss(reduce):
+    def per_device(v):
+      s = reduce(v * v, "tp")
+      return jnp.sin(s) * jnp.cos(v)
+    sm = jax.shard_map(per_device, mesh=mesh1, in_specs=P("tp"), out_specs=P("tp"),
+                       check_vma=check_vma)
+    return lambda v: jnp.sum(sm(v))
+
+  xs = _put(mesh1, x, P("tp"))
+  with jax.set_mesh(mesh1):
+    g_ours = jax.jit(jax.grad(loss(jaxll.all_reduce)))(xs)
+    g_ref = jax.jit(jax.grad(loss(jax.lax.psum)))(xs)
+    v_ours, v_ref = jax.jit(loss(jaxll.all_reduce))(xs), jax.jit(loss(jax.lax.psum))(xs)
+  np.testing.assert_allclose(np.asarray(g_ours), np.asarray(g_ref), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(float(v_ours), float(v_ref), rtol=1e-6)
+
+
+def test_jvp_and_linear_transpose(mesh1):
+  x = _put(mesh1, _random((8, 4), np.float32, seed=3), P("tp"))
+  t = _put(mesh1, _random((8, 4), np.float32, seed=4), P("tp"))
+
+  def f(reduce):
+    return jax.shard_map(lambda v: reduce(v, "tp") ** 2, mesh=mesh1, in_specs=P("tp"),
+                         out_specs=P())
+
+  with jax.set_mesh(mesh1):
+    p1, t1 = jax.jvp(f(jaxll.all_reduce), (x,), (t,))
+    p2, t2 = jax.jvp(f(jax.lax.psum), (x,), (t,))
+  np.testing.assert_allclose(np.asarray(p1), np.asarray(p2), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(t1), np.asarray(t2), rtol=1e-5)
+
+
+def test_vmap_inside_shard_map(mesh1):
+  x = _random((8 * 2, 5, 3), np.float32, seed=5)
+  got, want = _run_pair(
+      mesh1, lambda v: jax.vmap(lambda r: jaxll.all_reduce(r, "tp"))(v),
+      lambda v: jax.vmap(lambda r: jax.lax.psum(r, "tp"))(v), x, P("tp"), P())
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_vmap_axis_in_reduction(mesh1, op):
+  x = _random((3, 8 * 2, 4), np.float32, seed=6)
+
+  def make(reduce):
+    inner = jax.shard_map(lambda r: reduce(r, ("b", "tp")), mesh=mesh1, in_specs=P("tp"),
+                          out_specs=P(), check_vma=False)
+    return jax.jit(jax.vmap(inner, axis_name="b"))
+
+  ours = make(lambda r, a: jaxll.all_reduce(r, a, op=op))
+  ref = make(REFERENCE[op])
+  xs = _put(mesh1, x, P(None, "tp"))
+  np.testing.assert_allclose(np.asarray(ours(xs)), np.asarray(ref(xs)), rtol=1e-5)
+
+
+def test_many_call_sites_and_explain(mesh1):
+  def body(v):
+    a = jaxll.all_reduce(v, "tp")
+    b = jaxll.all_reduce(a * 2, "tp", op="max")
+    c = jaxll.all_reduce(b.astype(jnp.bfloat16), "tp", algorithm="xla")
+    return a + b + c.astype(jnp.float32)
+
+  def ref(v):
+    a = jax.lax.psum(v, "tp")
+    b = jax.lax.pmax(a * 2, "tp")
+    c = jax.lax.psum(b.astype(jnp.bfloat16), "tp")
+    return a + b + c.astype(jnp.float32)
+
+  x = _random((8, 6), np.float32, seed=7)
+  got, want = _run_pair(mesh1, body, ref, x, P("tp"), P())
+  np.testing.assert_allclose(got, want, rtol=1e-2)
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh1, in_specs=P("tp"), out_specs=P()))
+  sites = jaxll.explain(f, _put(mesh1, x, P("tp")))
+  assert [s.op for s in sites] == ["sum", "max", "sum"]
+  assert [s.requested for s in sites] == ["auto", "auto", "xla"]
+  assert all(s.algorithm == "xla" for s in sites)
+  assert "cpu" in sites[0].reason
+  assert sites[0].site.startswith("test_all_reduce_cpu.py:")
+  assert sites[2].dtype == "bfloat16" and sites[2].shape == "(1, 6)"
+  assert sites[0].nbytes == 6 * 4
+  assert jaxll.recent_call_sites()[-1].requested == "xla"
+
+
+def test_donation_and_repeat(mesh1):
+  f = jax.jit(jax.shard_map(lambda v: jaxll.all_reduce(v, "tp"), mesh=mesh1,
+                            in_specs=P("tp"), out_specs=P("tp")), donate_argnums=0)
+  x = _random((8, 4), np.float32, seed=8)
+  want = np.tile(x.reshape(8, 1, 4).sum(0), (8, 1))
+  for _ in range(3):
+    out = f(_put(mesh1, x, P("tp")))
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5)
+
+
+def test_pytree_and_constant(mesh1):
+  def body(v):
+    tree = {"a": v, "b": (v * 3, jnp.int32(2))}
+    out = jaxll.all_reduce(tree, "tp")
+    const = jaxll.all_reduce(1.5, "tp")  # not a tracer: psum's constant rule
+    return out["a"] + out["b"][0] + out["b"][1] + const
+
+  def ref(v):
+    tree = {"a": v, "b": (v * 3, jnp.int32(2))}
+    out = jax.lax.psum(tree, "tp")
+    return out["a"] + out["b"][0] + out["b"][1] + jax.lax.psum(1.5, "tp")
+
+  got, want = _run_pair(mesh1, body, ref, _random((8, 2), np.float32), P("tp"), P(),
+                        check_vma=False)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+# --- errors ---------------------------------------------------------------------
+
+def test_outside_shard_map_is_a_clear_error():
+  with pytest.raises(NameError, match=r"jaxll.all_reduce: unknown axis name 'tp'.*shard_map"):
+    jax.jit(lambda v: jaxll.all_reduce(v, "tp"))(jnp.ones(3))
+
+
+def test_unknown_axis(mesh1):
+  f = jax.shard_map(lambda v: jaxll.all_reduce(v, "dp"), mesh=mesh1, in_specs=P("tp"),
+                    out_specs=P())
+  with pytest.raises(NameError, match="unknown axis name 'dp'"):
+    jax.jit(f).lower(_put(mesh1, np.ones((8,), np.float32), P("tp")))
+
+
+@pytest.mark.parametrize("kwargs, exc, pattern", [
+    (dict(op="prod"), ValueError, "op must be one of"),
+    (dict(algorithm="ring"), ValueError, "algorithm must be one of"),
+])
+def test_bad_arguments(mesh1, kwargs, exc, pattern):
+  f = jax.shard_map(lambda v: jaxll.all_reduce(v, "tp", **kwargs), mesh=mesh1,
+                    in_specs=P("tp"), out_specs=P())
+  with pytest.raises(exc, match=pattern):
+    jax.jit(f).lower(_put(mesh1, np.ones((8,), np.float32), P("tp")))
+
+
+def test_positional_axis_rejected(mesh1):
+  f = jax.shard_map(lambda v: jaxll.all_reduce(v, 0), mesh=mesh1, in_specs=P("tp"),
+                    out_specs=P())
+  with pytest.raises(TypeError, match="named mesh axes"):
+    jax.jit(f).lower(_put(mesh1, np.ones((8,), np.float32), P("tp")))
+
+
+def test_unsupported_dtype(mesh1):
+  def body(v):
+    key = jax.random.key(0)
+    return jaxll.all_reduce(key, "tp")
+  f = jax.shard_map(body, mesh=mesh1, in_specs=P("tp"), out_specs=P())
+  with pytest.raises(TypeError, match="unsupported dtype key"):
+    jax.jit(f).lower(_put(mesh1, np.ones((8,), np.float32), P("tp")))
+
+
+def test_forced_kernel_on_cpu_fails_loudly(mesh1):
+  f = jax.shard_map(lambda v: jaxll.all_reduce(v, "tp", algorithm="oneshot_ll"),
+                    mesh=mesh1, in_specs=P("tp"), out_specs=P())
+  with pytest.raises(jaxll.AlgorithmUnavailableError,
+                     match=r"algorithm='oneshot_ll'.*cannot serve.*cpu"):
+    jax.jit(f).lower(_put(mesh1, np.ones((8,), np.float32), P("tp")))
+
+
+def test_max_is_not_differentiable(mesh1):
+  f = jax.shard_map(lambda v: jaxll.all_reduce(v, "tp", op="max").sum(), mesh=mesh1,
+                    in_specs=P("tp"), out_specs=P())
+  with pytest.raises(NotImplementedError, match="not differentiable"):
+    with jax.set_mesh(mesh1):
+      jax.grad(f)(_put(mesh1, np.ones((8,), np.float32), P("tp")))
+
+
+def test_virtual_ranks_need_a_gpu():
+  from conftest import HAS_GPU
+  if HAS_GPU:
+    pytest.skip("a GPU is present")
+  import jaxll.testing
+  with pytest.raises(RuntimeError, match="need a CUDA GPU"):
+    jaxll.testing.virtual_all_reduce(np.ones((2, 3), np.float32))
