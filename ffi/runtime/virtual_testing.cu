@@ -284,7 +284,27 @@ std::vector<double> time_graph(Comm& comm, int iters, int reps, Enqueue&& enqueu
   return out;
 }
 
+template <class T>
+void append_typed_kernels(std::vector<const void*>& out) {
+  out.push_back(reinterpret_cast<const void*>(&fill_bits_kernel<T>));
+  out.push_back(reinterpret_cast<const void*>(&gen_kernel<T>));
+  out.push_back(reinterpret_cast<const void*>(&check_kernel<T, SumOp>));
+  out.push_back(reinterpret_cast<const void*>(&check_kernel<T, MaxOp>));
+  out.push_back(reinterpret_cast<const void*>(&check_kernel<T, MinOp>));
+}
+
 }  // namespace
+
+std::vector<const void*> testing_kernel_functions() {
+  std::vector<const void*> out;
+  append_typed_kernels<float>(out);
+  append_typed_kernels<__nv_bfloat16>(out);
+  append_typed_kernels<__half>(out);
+  append_typed_kernels<int32_t>(out);
+  out.push_back(reinterpret_cast<const void*>(&delay_kernel));
+  out.push_back(reinterpret_cast<const void*>(&empty_kernel));
+  return out;
+}
 
 StressResult virtual_stress(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp op,
                             const std::vector<int64_t>& counts, uint64_t seed, int max_delay_us) {

@@ -41,4 +41,9 @@ std::vector<double> virtual_bench(Comm& comm, Algorithm algorithm, DType dtype, 
 // The same graph with an empty kernel per rank and call: the graph-node floor.
 std::vector<double> virtual_floor(Comm& comm, int iters, int reps);
 
+// The kernels these tools launch. Comm::Create loads them with the collective
+// kernels: lazily loading a kernel while a collective spins on the device can
+// stall until the collective's deadline.
+std::vector<const void*> testing_kernel_functions();
+
 }  // namespace jaxll

@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
-#include <sstream>
+#include <cstdio>
 #include <stdexcept>
 
 #include "../kernels/all_reduce.h"
+#include "virtual_testing.h"
 #include "jaxll/error_word.h"
 #include "jaxll/workspace_layout.h"
 
@@ -36,17 +37,27 @@ class DeviceGuard {
 };
 
 std::string where(const Rank& r) {
-  std::ostringstream os;
-  os << "group " << r.group << " rank " << r.rank << " (CUDA device " << r.ordinal << ")";
-  return os.str();
+  return "group " + std::to_string(r.group) + " rank " + std::to_string(r.rank) +
+         " (CUDA device " + std::to_string(r.ordinal) + ")";
 }
 
-// Occupancy of the least-occupying kernel at kBlockThreads threads per block.
+// Loads every kernel jaxll may launch on the current device. With CUDA's lazy
+// loading, a kernel loaded on first launch while a collective spins elsewhere
+// can stall behind it until the collective's deadline; so nothing is left lazy.
+void load_all_kernels() {
+  std::vector<const void*> fns = all_kernel_functions();
+  const std::vector<const void*> tools = testing_kernel_functions();
+  fns.insert(fns.end(), tools.begin(), tools.end());
+  for (const void* fn : fns) {
+    cudaFuncAttributes attr;  // querying the attributes loads the kernel
+    check_cuda(cudaFuncGetAttributes(&attr, fn), "loading jaxll kernels");
+  }
+}
+
+// Occupancy of the least-occupying collective kernel at kBlockThreads threads.
 int min_blocks_per_sm() {
   int best = 1 << 30;
   for (const void* fn : all_kernel_functions()) {
-    cudaFuncAttributes attr;
-    check_cuda(cudaFuncGetAttributes(&attr, fn), "loading jaxll kernels");
     int blocks = 0;
     check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kBlockThreads, 0),
                "querying kernel occupancy");
@@ -140,6 +151,7 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
         int sms = 0;
         check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o),
                    "querying the multiprocessor count");
+        load_all_kernels();
         const int resident = sms * min_blocks_per_sm() / ranks_per_device;
         max_blocks = std::min(max_blocks, resident);
       }
@@ -245,20 +257,21 @@ uint64_t Comm::error_word(const Rank& r) const {
 
 std::string Comm::describe_error(const Rank& r, uint64_t word) const {
   const DecodedError d = decode_error(word);
-  std::ostringstream os;
-  os << "jaxll: workspace " << id_ << ", " << where(r) << ": ";
+  std::string msg = "jaxll: workspace " + std::to_string(id_) + ", " + where(r) + ": ";
   if (d.kind == ErrorKind::kTimeout) {
-    os << "rank " << d.rank << " waited more than " << config_.timeout_ms << " ms for rank "
-       << d.peer << " (block " << d.block << ", epoch " << d.epoch
-       << ") and gave up. The ranks of this group are out of step: a rank did not "
-          "run the same sequence of jaxll calls, or was not scheduled. Results of "
-          "this and every later call on this workspace are poisoned (all-ones "
-          "bits, NaN for floats); free the workspace (jaxll.free_workspaces()) or "
-          "restart the process.";
+    msg += "rank " + std::to_string(d.rank) + " waited more than " +
+           std::to_string(config_.timeout_ms) + " ms for rank " + std::to_string(d.peer) +
+           " (block " + std::to_string(d.block) + ", epoch " + std::to_string(d.epoch) +
+           ") and gave up. The ranks of this group are out of step: a rank did not run the "
+           "same sequence of jaxll calls, or was not scheduled. Results of this and every "
+           "later call on this workspace are poisoned (all-ones bits, NaN for floats); free "
+           "the workspace (jaxll.free_workspaces()) or restart the process.";
   } else {
-    os << "unknown error word 0x" << std::hex << word;
+    char hex[32];
+    std::snprintf(hex, sizeof(hex), "0x%016llx", static_cast<unsigned long long>(word));
+    msg += std::string("unknown error word ") + hex;
   }
-  return os.str();
+  return msg;
 }
 
 void Comm::release() {
