@@ -28,10 +28,14 @@ def version_mismatch(built: str, installed: str) -> str | None:
 try:
   from jaxll import _jaxll as ext  # noqa: E402
 except ImportError as e:  # pragma: no cover - depends on the installation
+  _here = os.path.dirname(os.path.abspath(__file__))
+  _source_tree = os.path.isdir(os.path.join(_here, os.pardir, "ffi"))
   raise ImportError(
-      f"jaxll's compiled extension (jaxll._jaxll) could not be loaded: {e}.\n"
-      "If you are running from a source checkout, install it first (it needs "
-      "nvcc):\n  pip install jax scikit-build-core nanobind\n"
+      f"jaxll's compiled extension (jaxll._jaxll) could not be loaded: {e}.\n" +
+      (f"This jaxll is the source tree at {os.path.dirname(_here)}, which holds no "
+       "compiled extension: install it (pip install --no-build-isolation .) and "
+       "import it from another directory.\n" if _source_tree else "") +
+      "To install (needs nvcc):\n  pip install jax scikit-build-core nanobind\n"
       "  pip install --no-build-isolation .") from e
 
 _problem = version_mismatch(ext.built_jaxlib_version, jaxlib.__version__)
