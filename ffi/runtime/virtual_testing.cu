@@ -110,21 +110,6 @@ __global__ void delay_kernel(uint64_t ns) {
 
 __global__ void empty_kernel() {}
 
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    has_ = cudaGetDevice(&prev_) == cudaSuccess;
-    check_cuda(cudaSetDevice(device), "selecting the virtual ranks' device");
-  }
-  ~DeviceGuard() {
-    if (has_) cudaSetDevice(prev_);
-  }
-
- private:
-  int prev_ = 0;
-  bool has_ = false;
-};
-
 // Device buffers freed on scope exit.
 class Buffers {
  public:

@@ -23,19 +23,6 @@ void check_cuda(cudaError_t err, const std::string& what) {
 
 namespace {
 
-// Restores the calling thread's current device on scope exit.
-class DeviceGuard {
- public:
-  DeviceGuard() { has_ = cudaGetDevice(&prev_) == cudaSuccess; }
-  ~DeviceGuard() {
-    if (has_) cudaSetDevice(prev_);
-  }
-
- private:
-  int prev_ = 0;
-  bool has_ = false;
-};
-
 std::string where(const Rank& r) {
   return "group " + std::to_string(r.group) + " rank " + std::to_string(r.rank) +
          " (CUDA device " + std::to_string(r.ordinal) + ")";

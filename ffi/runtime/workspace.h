@@ -95,4 +95,22 @@ std::vector<int> comm_ids();
 // Throws std::runtime_error("<what>: <CUDA error>") if `err` is not cudaSuccess.
 void check_cuda(cudaError_t err, const std::string& what);
 
+// Makes `device` current (if >= 0) and restores the caller's device on scope exit.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device = -1) {
+    has_prev_ = cudaGetDevice(&prev_) == cudaSuccess;
+    if (device >= 0) check_cuda(cudaSetDevice(device), "selecting CUDA device " + std::to_string(device));
+  }
+  ~DeviceGuard() {
+    if (has_prev_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+  bool has_prev_ = false;
+};
+
 }  // namespace jaxll
