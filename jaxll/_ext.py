@@ -51,9 +51,10 @@ def _register_targets() -> None:
     cmd_buffer = {}
   for name, capsule in ext.handlers().items():
     # jaxll_all_reduce keeps every per-call value on the device, so XLA may
-    # capture it into command buffers (CUDA graphs). The virtual-rank handler
-    # forks onto several streams and stays outside them.
-    extra = cmd_buffer if name == "jaxll_all_reduce" else {}
+    # capture it into command buffers (CUDA graphs), like the no-op used to
+    # measure the custom-call floor. The virtual-rank handler forks onto several
+    # streams and stays outside them.
+    extra = cmd_buffer if name in ("jaxll_all_reduce", "jaxll_noop") else {}
     jax.ffi.register_ffi_target(name, capsule, platform="CUDA", **extra)
 
 

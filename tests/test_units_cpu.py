@@ -106,7 +106,7 @@ def test_extension_facts():
   assert ext.built_jaxlib_version == jaxlib.__version__
   assert ext.max_ranks >= 8 and ext.max_blocks >= 1
   assert set(ext.handlers()) == {"jaxll_all_reduce", "jaxll_virtual_all_reduce",
-                                 "jaxll_device_ordinal"}
+                                 "jaxll_device_ordinal", "jaxll_noop"}
 
 
 def test_no_errors_without_workspaces():

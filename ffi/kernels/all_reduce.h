@@ -41,5 +41,7 @@ std::vector<const void*> all_kernel_functions();
 
 // Small helper kernels used by the runtime and the testing tools.
 cudaError_t launch_fill_i32(int32_t* out, int32_t value, cudaStream_t stream);
+// An empty kernel: the floor under any custom call that launches one.
+cudaError_t launch_empty(cudaStream_t stream);
 
 }  // namespace jaxll

@@ -7,6 +7,8 @@
 //                             reduced across its leading axis, one stream per rank
 //   jaxll_device_ordinal      writes the device ordinal XLA passes to handlers
 //                             (lets tests check it against Device.local_hardware_id)
+//   jaxll_noop                launches one empty kernel (the custom-call floor the
+//                             benchmark measures; command-buffer compatible)
 #include "ffi_handlers.h"
 
 #include <cuda_runtime.h>
@@ -165,11 +167,20 @@ ffi::Error DeviceOrdinalExecute(cudaStream_t stream, int32_t ordinal,
   return ffi::Error::Success();
 }
 
+// Launches one empty kernel; output aliases input. A jitted chain of these is the
+// per-call floor of any FFI custom call that launches a kernel.
+ffi::Error NoopExecute(cudaStream_t stream, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer>) {
+  cudaError_t e = launch_empty(stream);
+  if (e != cudaSuccess) return ffi::Error::Internal(cudaGetErrorString(e));
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace jaxll
 
 using jaxll::AllReduceExecute;
 using jaxll::DeviceOrdinalExecute;
+using jaxll::NoopExecute;
 using jaxll::VirtualAllReduceExecute;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_handler, AllReduceExecute,
@@ -199,3 +210,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_device_ordinal_handler, DeviceOrdinalExecute
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
                                   .Ret<ffi::Buffer<ffi::S32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_noop_handler, NoopExecute,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>(),
+                              {ffi::Traits::kCmdBufferCompatible});

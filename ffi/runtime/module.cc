@@ -15,6 +15,7 @@
 #include "ffi_handlers.h"
 #include "jaxll/error_word.h"
 #include "jaxll/workspace_layout.h"
+#include "sol_probe.h"
 #include "virtual_testing.h"
 #include "workspace.h"
 #include "xla/ffi/api/c_api.h"
@@ -67,6 +68,7 @@ NB_MODULE(_jaxll, m) {
     d["jaxll_all_reduce"] = handler_capsule(&jaxll_all_reduce_handler);
     d["jaxll_virtual_all_reduce"] = handler_capsule(&jaxll_virtual_all_reduce_handler);
     d["jaxll_device_ordinal"] = handler_capsule(&jaxll_device_ordinal_handler);
+    d["jaxll_noop"] = handler_capsule(&jaxll_noop_handler);
     return d;
   }, "FFI handler capsules by target name.");
 
@@ -176,6 +178,16 @@ NB_MODULE(_jaxll, m) {
     return virtual_bench(c, static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
                          static_cast<ReduceOp>(op), count, iters, reps);
   }, "id"_a, "algorithm"_a, "dtype"_a, "op"_a, "count"_a, "iters"_a, "reps"_a);
+
+  m.def("probe_l2_fence_us", [](int device, int iters) {
+    nb::gil_scoped_release release;
+    return probe_l2_fence_us(device, iters);
+  }, "device"_a, "iters"_a, "Microseconds per __threadfence() after a store (an L2 round trip).");
+  m.def("probe_pingpong_one_way_us", [](int a, int b, int iters) {
+    nb::gil_scoped_release release;
+    return probe_pingpong_one_way_us(a, b, iters);
+  }, "device_a"_a, "device_b"_a, "iters"_a,
+        "One-way latency of a flag ping-pong between a block on each device (may be equal).");
 
   m.def("virtual_floor", [](int64_t id, int iters, int reps) {
     Comm& c = get_comm(id);

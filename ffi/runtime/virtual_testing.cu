@@ -108,8 +108,6 @@ __global__ void delay_kernel(uint64_t ns) {
   }
 }
 
-__global__ void empty_kernel() {}
-
 // Device buffers freed on scope exit.
 class Buffers {
  public:
@@ -287,7 +285,6 @@ std::vector<const void*> testing_kernel_functions() {
   append_typed_kernels<__half>(out);
   append_typed_kernels<int32_t>(out);
   out.push_back(reinterpret_cast<const void*>(&delay_kernel));
-  out.push_back(reinterpret_cast<const void*>(&empty_kernel));
   return out;
 }
 
@@ -332,10 +329,7 @@ std::vector<double> virtual_bench(Comm& comm, Algorithm algorithm, DType dtype, 
 std::vector<double> virtual_floor(Comm& comm, int iters, int reps) {
   if (!comm.virtual_ranks()) throw std::runtime_error("virtual_floor needs a virtual-rank workspace");
   DeviceGuard guard(comm.rank(0, 0).ordinal);
-  return time_graph(comm, iters, reps, [&](int, cudaStream_t s) {
-    empty_kernel<<<1, 32, 0, s>>>();
-    return cudaGetLastError();
-  });
+  return time_graph(comm, iters, reps, [&](int, cudaStream_t s) { return launch_empty(s); });
 }
 
 }  // namespace jaxll

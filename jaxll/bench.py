@@ -1,0 +1,458 @@
+"""``python -m jaxll.bench``: all-reduce latency against message size, jaxll's
+algorithms against each other, against XLA's all-reduce (``jax.lax.psum``) and
+against the hardware's speed of light, measured side by side in one run.
+
+Modes:
+  virtual   N virtual ranks on one GPU (``--ranks``, default 8): kernel time per
+            call (CUDA events over a CUDA graph of many calls) and jitted per-call
+            time (a jax.jit chain of K dependent calls). psum cannot run here.
+  local     one process, a mesh over all local GPUs: jitted per-step time of a
+            chain inside shard_map, jaxll against psum.
+Every run also measures the speed-of-light inputs on GPU 0: the L2 round trip
+(one __threadfence()), a flag ping-pong between two blocks (and between every GPU
+pair with peer access), the bound ``2*L2 + (pingpong_rtt - 2*L2)/2``, the
+CUDA-graph node floor and the per-call floor of a trivial FFI custom call in a
+jitted chain (command buffers on).
+
+  python -m jaxll.bench                      # about a minute
+  python -m jaxll.bench --quick              # seconds
+  python -m jaxll.bench --ranks 2 4 8 --json out.json --plot out.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+DEFAULT_SIZES = sorted({2 ** k for k in range(3, 29)} | {12, 3000, 100_000})
+QUICK_SIZES = [8, 4096, 65536]
+MODES = ("virtual", "local")
+_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
+           "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+  """'4096', '4K', '64KiB', '1M' -> bytes (binary multiples)."""
+  t = text.strip().upper()
+  i = len(t)
+  while i and not t[i - 1].isdigit():
+    i -= 1
+  number, suffix = t[:i], t[i:]
+  if not number or suffix not in _SUFFIX:
+    raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 8, 4K, 1M)")
+  value = int(number) * _SUFFIX[suffix]
+  if value <= 0:
+    raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
+  return value
+
+
+def format_size(n: int) -> str:
+  for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    if n >= scale and n % scale == 0:
+      return f"{n // scale} {unit}"
+  return f"{n} B"
+
+
+def build_parser() -> argparse.ArgumentParser:
+  from jaxll import algorithms
+  p = argparse.ArgumentParser(
+      prog="python -m jaxll.bench", description=__doc__.split("\n\n")[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--mode", choices=MODES, nargs="+", default=["virtual", "local"],
+                 help="what to measure (default: both)")
+  p.add_argument("--ranks", type=int, nargs="+", default=[8],
+                 help="virtual ranks per run in virtual mode (default: 8)")
+  p.add_argument("--sizes", type=parse_size, nargs="+", default=None,
+                 help="message sizes per rank (default: 8 B .. 256 MiB and a few odd sizes)")
+  p.add_argument("--dtypes", nargs="+", default=["float32"],
+                 choices=sorted(algorithms.DTYPE_CODES), help="element types (default: float32)")
+  p.add_argument("--algorithms", nargs="+", default=None,
+                 choices=list(algorithms.ALGORITHMS),
+                 help="algorithms to measure (default: all)")
+  p.add_argument("--chain", type=int, default=50, help="calls per jitted chain (default 50)")
+  p.add_argument("--iters", type=int, default=200, help="calls per CUDA graph (default 200)")
+  p.add_argument("--reps", type=int, default=15, help="repetitions per point (default 15)")
+  p.add_argument("--quick", action="store_true",
+                 help="3 sizes, short chains and few repetitions: seconds, not a minute")
+  p.add_argument("--json", metavar="PATH", help="write every measurement to PATH")
+  p.add_argument("--plot", metavar="PATH", help="write a latency-vs-size PNG to PATH")
+  p.add_argument("--no-sol", action="store_true", help="skip the speed-of-light probes")
+  return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  p = build_parser()
+  args = p.parse_args(argv)
+  from jaxll._ext import ext
+  for n in args.ranks:
+    if not 1 <= n <= ext.max_ranks:
+      p.error(f"--ranks must be in 1..{ext.max_ranks}, got {n}")
+  for name in ("chain", "iters", "reps"):
+    if getattr(args, name) < 1:
+      p.error(f"--{name} must be at least 1")
+  if args.quick:
+    args.sizes = args.sizes or QUICK_SIZES
+    args.chain, args.iters, args.reps = min(args.chain, 10), min(args.iters, 50), min(args.reps, 5)
+  args.sizes = sorted(set(args.sizes or DEFAULT_SIZES))
+  if args.algorithms is None:
+    from jaxll import algorithms
+    args.algorithms = list(algorithms.ALGORITHMS)
+  if args.plot and not _have_matplotlib():
+    p.error("--plot needs matplotlib (pip install matplotlib)")
+  return args
+
+
+def _have_matplotlib() -> bool:
+  try:
+    import matplotlib  # noqa: F401
+    return True
+  except ImportError:
+    return False
+
+
+# --- machine ------------------------------------------------------------------------
+
+def machine_info() -> dict:
+  import jax
+  import jaxlib
+  info = {"python": platform.python_version(), "jax": jax.__version__,
+          "jaxlib": jaxlib.__version__, "host": platform.node()}
+  try:
+    gpus = jax.devices("cuda")
+  except RuntimeError:
+    gpus = []
+  info["gpu"] = gpus[0].device_kind if gpus else None
+  info["gpu_count"] = len(gpus)
+  try:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=30).stdout.split()
+    info["driver"] = out[0] if out else None
+  except (OSError, subprocess.SubprocessError):
+    info["driver"] = None
+  from jaxll._ext import ext
+  v = ext.built_cuda_version
+  info["cuda_runtime_built"] = f"{v // 1000}.{(v % 1000) // 10}"
+  info["nccl"] = _package_version("nvidia-nccl")
+  info["cuda_plugin"] = _package_version("jax-cuda")
+  return info
+
+
+def _package_version(prefix: str) -> str | None:
+  from importlib import metadata
+  for dist in metadata.distributions():
+    name = (dist.metadata.get("Name") or "").lower()
+    if name.startswith(prefix):
+      return f"{name} {dist.version}"
+  return None
+
+
+# --- timing helpers -------------------------------------------------------------------
+
+def _median_per_call(fn, arg, calls_per_run: int, reps: int) -> float:
+  import jax
+  jax.block_until_ready(fn(arg))  # compile and warm up
+  samples = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(arg))
+    samples.append((time.perf_counter() - t0) * 1e6 / calls_per_run)
+  return statistics.median(samples)
+
+
+def measure_sol(args) -> dict:
+  """Speed-of-light inputs and per-call floors, on GPU 0 (and GPU pairs)."""
+  import jax
+  import numpy as np
+
+  from jaxll._ext import ext
+  import jaxll.testing as jt
+
+  dev = jax.devices("cuda")[0]
+  o = dev.local_hardware_id
+  reps = max(3, args.reps // 3)
+  l2 = statistics.median(ext.probe_l2_fence_us(o, 20000) for _ in range(reps))
+  one_way = statistics.median(ext.probe_pingpong_one_way_us(o, o, 20000) for _ in range(reps))
+  rtt = 2 * one_way
+  sol = {"device": dev.device_kind, "l2_rtt_us": l2, "pingpong_one_way_us": one_way,
+         "sol_us": 2 * l2 + (rtt - 2 * l2) / 2}
+  pairs = {}
+  gpus = jax.devices("cuda")
+  for a in gpus:
+    for b in gpus:
+      if a.id < b.id and ext.can_access_peer(a.local_hardware_id, b.local_hardware_id):
+        ow = statistics.median(
+            ext.probe_pingpong_one_way_us(a.local_hardware_id, b.local_hardware_id, 20000)
+            for _ in range(reps))
+        pairs[f"{a.id}-{b.id}"] = {"pingpong_one_way_us": ow, "sol_us": 2 * l2 + (2 * ow - 2 * l2) / 2}
+  sol["pairs"] = pairs
+
+  # Per-call floor of a trivial FFI custom call in a jitted chain (command buffers on).
+  noop = jax.ffi.ffi_call("jaxll_noop", jax.ShapeDtypeStruct((4,), np.float32),
+                          input_output_aliases={0: 0})
+
+  @jax.jit
+  def chain(v):
+    for _ in range(args.chain):
+      v = noop(v)
+    return v
+
+  x = jax.device_put(np.ones(4, np.float32), dev)
+  sol["ffi_call_floor_us"] = _median_per_call(chain, x, args.chain, args.reps)
+  sol["graph_node_floor_us"] = {
+      str(n): statistics.median(jt.graph_floor_us(n, iters=args.iters, reps=args.reps))
+      for n in (args.ranks if "virtual" in args.mode else [])}
+  return sol
+
+
+# --- virtual mode -----------------------------------------------------------------------
+
+def bench_virtual(args, n: int, progress) -> list[dict]:
+  import jax
+  import numpy as np
+
+  from jaxll import algorithms
+  import jaxll.testing as jt
+
+  ws = jt.virtual_workspace(n)
+  records = []
+  for dtype in args.dtypes:
+    item = np.dtype(jax.numpy.dtype(dtype)).itemsize
+    for nbytes in args.sizes:
+      count = max(1, nbytes // item)
+      for algo in args.algorithms:
+        rec = {"mode": "virtual", "ranks": n, "dtype": dtype, "bytes": count * item,
+               "algorithm": algo}
+        progress(rec)
+        kernel = algo
+        if algo == algorithms.AUTO:
+          kernel, why = algorithms.choose_auto(n, count * item, np.dtype(jax.numpy.dtype(dtype)), "sum")
+          rec["auto_choice"] = kernel
+        if kernel == algorithms.XLA:
+          rec.update(status="n/a", reason="XLA's all-reduce cannot run on virtual ranks"
+                     + (f" (auto: {why})" if algo == algorithms.AUTO else ""))
+        elif count * item > ws.capacity_bytes:
+          rec.update(status="n/a", reason=f"exceeds the workspace capacity "
+                                          f"({ws.capacity_bytes} bytes)")
+        else:
+          samples = jt.kernel_time_us(n, count * item, dtype=dtype, algorithm=kernel,
+                                      iters=args.iters, reps=args.reps)
+          x = jax.numpy.asarray(
+              (np.random.default_rng(0).random((n, count)) * 1e-3).astype(jax.numpy.dtype(dtype)))
+
+          @jax.jit
+          def chain(v, kernel=kernel):
+            for _ in range(args.chain):
+              v = jt.virtual_all_reduce(v, algorithm=kernel)
+            return v
+
+          rec.update(status="ok", kernel_us=statistics.median(samples), kernel_us_samples=samples,
+                     jit_us=_median_per_call(chain, x, args.chain, args.reps))
+        records.append(rec)
+  import jaxll
+  jaxll.check_errors()
+  return records
+
+
+# --- local mode --------------------------------------------------------------------------
+
+def bench_local(args, progress) -> list[dict]:
+  import jax
+  import numpy as np
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  import jaxll
+  from jaxll import algorithms
+
+  gpus = jax.devices("cuda")
+  n = len(gpus)
+  mesh = jax.make_mesh((n,), ("x",), devices=gpus)
+  records = []
+  for dtype in args.dtypes:
+    dt = np.dtype(jax.numpy.dtype(dtype))
+    for nbytes in args.sizes:
+      count = max(1, nbytes // dt.itemsize)
+      x = jax.device_put(
+          (np.random.default_rng(0).random(n * count) * 1e-3).astype(dt),
+          NamedSharding(mesh, P("x")))
+      for algo in args.algorithms:
+        rec = {"mode": "local", "ranks": n, "dtype": dtype, "bytes": count * dt.itemsize,
+               "algorithm": algo}
+        progress(rec)
+
+        def body(v, algo=algo):
+          # v + (psum of v): the added local term keeps each step's input
+          # non-replicated, so XLA cannot turn a psum of a psum into a multiply.
+          w = v
+          for _ in range(args.chain):
+            w = v + jaxll.all_reduce(w, "x", algorithm=algo)
+          return w
+
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+        try:
+          sites = jaxll.explain(f, x)
+        except jaxll.AlgorithmUnavailableError as e:
+          rec.update(status="n/a", reason=str(e).split(": ", 1)[-1])
+          records.append(rec)
+          continue
+        rec["path"] = sites[0].algorithm if sites else "?"
+        rec.update(status="ok", jit_us=_median_per_call(f, x, args.chain, args.reps))
+        records.append(rec)
+  # psum as the reference for every point, from the same run.
+  by_point = {}
+  for r in records:
+    if r["algorithm"] == algorithms.XLA and r["status"] == "ok":
+      by_point[(r["dtype"], r["bytes"])] = r["jit_us"]
+  for r in records:
+    ref = by_point.get((r["dtype"], r["bytes"]))
+    if ref and r["status"] == "ok":
+      r["psum_jit_us"] = ref
+      r["speedup_vs_psum"] = ref / r["jit_us"]
+  jaxll.check_errors()
+  return records
+
+
+# --- summary, table, plot -------------------------------------------------------------
+
+def summarize(records: list[dict], sol: dict | None) -> dict:
+  """Ratios quoted in the notes, all from this run."""
+  out = {}
+  if sol:
+    for r in records:
+      if r["mode"] != "virtual" or r["status"] != "ok" or r["algorithm"] != "oneshot_ll":
+        continue
+      floor = sol.get("graph_node_floor_us", {}).get(str(r["ranks"]))
+      if floor is not None:
+        bound = floor + sol["sol_us"]
+        key = f"virtual N={r['ranks']} {r['dtype']} {format_size(r['bytes'])}"
+        out.setdefault("oneshot_ll_kernel_vs_floor_plus_sol", {})[key] = r["kernel_us"] / bound
+  return out
+
+
+def format_table(records: list[dict], sol: dict | None) -> str:
+  lines = []
+  if sol:
+    lines.append(f"speed of light on {sol['device']}: L2 round trip {sol['l2_rtt_us']:.3f} us, "
+                 f"ping-pong one way {sol['pingpong_one_way_us']:.3f} us, "
+                 f"SoL {sol['sol_us']:.3f} us; FFI custom-call floor "
+                 f"{sol['ffi_call_floor_us']:.2f} us/call")
+    for n, v in sol.get("graph_node_floor_us", {}).items():
+      lines.append(f"  CUDA-graph node floor, {n} virtual ranks: {v:.2f} us/call")
+    for pair, v in sol.get("pairs", {}).items():
+      lines.append(f"  GPU pair {pair}: ping-pong one way {v['pingpong_one_way_us']:.3f} us, "
+                   f"SoL {v['sol_us']:.3f} us")
+  header = f"{'mode':8s} {'N':>2s} {'dtype':9s} {'size':>10s} {'algorithm':11s} " \
+           f"{'kernel us':>10s} {'jit us':>9s} {'psum us':>9s} {'vs psum':>8s}  note"
+  lines += [header, "-" * len(header)]
+  for r in records:
+    def num(key, fmt="{:.2f}"):
+      return fmt.format(r[key]) if key in r else "-"
+    note = r.get("reason", "") if r["status"] != "ok" else (
+        f"auto -> {r['auto_choice']}" if "auto_choice" in r else r.get("path", ""))
+    lines.append(f"{r['mode']:8s} {r['ranks']:>2d} {r['dtype']:9s} {format_size(r['bytes']):>10s} "
+                 f"{r['algorithm']:11s} {num('kernel_us'):>10s} {num('jit_us'):>9s} "
+                 f"{num('psum_jit_us'):>9s} {num('speedup_vs_psum', '{:.2f}x'):>8s}  {note}")
+  return "\n".join(lines)
+
+
+def plot(records: list[dict], sol: dict | None, path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  panels = sorted({(r["mode"], r["ranks"], r["dtype"]) for r in records})
+  fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
+  for ax, (mode, n, dtype) in zip(axes[0], panels):
+    rows = [r for r in records if (r["mode"], r["ranks"], r["dtype"]) == (mode, n, dtype)
+            and r["status"] == "ok"]
+    for algo in sorted({r["algorithm"] for r in rows}):
+      pts = sorted((r["bytes"], r) for r in rows if r["algorithm"] == algo)
+      xs = [b for b, _ in pts]
+      if any("kernel_us" in r for _, r in pts):
+        ax.plot(xs, [r.get("kernel_us", math.nan) for _, r in pts], marker="o",
+                label=f"{algo} kernel")
+      ax.plot(xs, [r.get("jit_us", math.nan) for _, r in pts], marker="x", linestyle="--",
+              label=f"{algo} jitted per call")
+    if sol:
+      ax.axhline(sol["sol_us"], color="k", linestyle=":", label=f"SoL {sol['sol_us']:.2f} us")
+      floor = sol.get("graph_node_floor_us", {}).get(str(n))
+      if mode == "virtual" and floor is not None:
+        ax.axhline(floor + sol["sol_us"], color="gray", linestyle="-.",
+                   label=f"graph floor + SoL {floor + sol['sol_us']:.2f} us")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message bytes per rank")
+    ax.set_ylabel("microseconds per call")
+    ax.set_title(f"{mode}, N={n}, {dtype}" + (f" ({sol['device']})" if sol else ""))
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def report(info: dict, args: argparse.Namespace, sol: dict | None, records: list[dict]) -> dict:
+  """The JSON document a run writes."""
+  config = {k: v for k, v in vars(args).items() if k not in ("json", "plot")}
+  return {"machine": info, "config": config, "sol": sol,
+          "summary": summarize(records, sol), "results": records}
+
+
+def main(argv=None) -> int:
+  os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+  args = parse_args(argv)
+  import jax
+  try:
+    gpus = jax.devices("cuda")
+  except RuntimeError:
+    gpus = []
+  if not gpus:
+    print("jaxll.bench: JAX sees no CUDA GPU (backend: "
+          f"{jax.default_backend()}); there is nothing to measure. Run it on a machine "
+          "with an NVIDIA GPU and jax's CUDA plugin.")
+    return 0
+
+  total = (len(args.ranks) if "virtual" in args.mode else 0) + ("local" in args.mode)
+  total *= len(args.dtypes) * len(args.sizes) * len(args.algorithms)
+  done = [0]
+
+  def progress(rec):
+    done[0] += 1
+    print(f"\r[{done[0]}/{total}] {rec['mode']} N={rec['ranks']} {rec['dtype']} "
+          f"{format_size(rec['bytes'])} {rec['algorithm']}".ljust(70), end="",
+          file=sys.stderr, flush=True)
+
+  info = machine_info()
+  print(f"jaxll.bench on {info['gpu_count']} x {info['gpu']} (driver {info['driver']}, "
+        f"jax {info['jax']}, {info['nccl'] or 'NCCL version unknown'})", flush=True)
+  sol = None if args.no_sol else measure_sol(args)
+  records = []
+  if "virtual" in args.mode:
+    for n in args.ranks:
+      records += bench_virtual(args, n, progress)
+  if "local" in args.mode:
+    records += bench_local(args, progress)
+  print(file=sys.stderr)
+  summary = summarize(records, sol)
+  print(format_table(records, sol))
+  for name, values in summary.items():
+    for key, v in values.items():
+      print(f"{name}: {key}: {v:.2f}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(report(info, args, sol, records), f, indent=1)
+    print(f"wrote {args.json}")
+  if args.plot:
+    plot(records, sol, args.plot)
+    print(f"wrote {args.plot}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,122 @@
+"""CPU tier: the benchmark CLI's argument handling and output format (no GPU)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jaxll import bench
+
+
+@pytest.mark.parametrize("text, value", [("8", 8), ("4K", 4096), ("64KiB", 65536),
+                                         ("1M", 1 << 20), ("256MB", 256 << 20), ("3000", 3000)])
+def test_parse_size(text, value):
+  assert bench.parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "K", "4Q", "-8", "0", "1.5K"])
+def test_parse_size_rejects(text):
+  with pytest.raises(Exception):
+    bench.parse_size(text)
+
+
+def test_format_size():
+  assert bench.format_size(8) == "8 B"
+  assert bench.format_size(4096) == "4 KiB"
+  assert bench.format_size(3000) == "3000 B"
+  assert bench.format_size(256 << 20) == "256 MiB"
+
+
+def test_defaults_and_quick():
+  args = bench.parse_args([])
+  assert args.sizes[0] == 8 and args.sizes[-1] == 256 << 20
+  assert {12, 3000, 100_000} <= set(args.sizes)
+  assert args.algorithms[0] == "auto" and "oneshot_ll" in args.algorithms
+  assert args.mode == ["virtual", "local"] and args.ranks == [8]
+  quick = bench.parse_args(["--quick"])
+  assert quick.sizes == bench.QUICK_SIZES and quick.reps <= 5 and quick.chain <= 10
+  mine = bench.parse_args(["--quick", "--sizes", "1K", "8", "--ranks", "2", "4",
+                           "--algorithms", "oneshot_ll", "--mode", "virtual"])
+  assert mine.sizes == [8, 1024] and mine.ranks == [2, 4] and mine.algorithms == ["oneshot_ll"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ranks", "0"], "--ranks must be in 1.."),
+    (["--ranks", "99"], "--ranks must be in 1.."),
+    (["--reps", "0"], "--reps must be at least 1"),
+    (["--dtypes", "float64"], "invalid choice"),
+    (["--algorithms", "ring"], "invalid choice"),
+    (["--mode", "cloud"], "invalid choice"),
+    (["--sizes", "4Q"], "not a size"),
+])
+def test_bad_arguments_exit_with_message(argv, message, capsys):
+  with pytest.raises(SystemExit) as e:
+    bench.parse_args(argv)
+  assert e.value.code == 2
+  assert message in capsys.readouterr().err
+
+
+def _records():
+  return [
+      {"mode": "virtual", "ranks": 8, "dtype": "float32", "bytes": 4096, "algorithm": "oneshot_ll",
+       "status": "ok", "kernel_us": 2.5, "jit_us": 9.0},
+      {"mode": "virtual", "ranks": 8, "dtype": "float32", "bytes": 4096, "algorithm": "auto",
+       "auto_choice": "oneshot_ll", "status": "ok", "kernel_us": 2.6, "jit_us": 9.1},
+      {"mode": "virtual", "ranks": 8, "dtype": "float32", "bytes": 1 << 20, "algorithm": "xla",
+       "status": "n/a", "reason": "XLA's all-reduce cannot run on virtual ranks"},
+      {"mode": "local", "ranks": 2, "dtype": "float32", "bytes": 4096, "algorithm": "oneshot_ll",
+       "status": "ok", "jit_us": 3.0, "psum_jit_us": 12.0, "speedup_vs_psum": 4.0},
+  ]
+
+
+_SOL = {"device": "NVIDIA H200", "l2_rtt_us": 0.136, "pingpong_one_way_us": 0.231,
+        "sol_us": 0.367, "ffi_call_floor_us": 1.0, "graph_node_floor_us": {"8": 1.1}, "pairs": {}}
+
+
+def test_table_format():
+  text = bench.format_table(_records(), _SOL)
+  lines = text.splitlines()
+  assert "SoL 0.367 us" in lines[0] and "FFI custom-call floor 1.00 us/call" in lines[0]
+  assert "CUDA-graph node floor, 8 virtual ranks: 1.10 us/call" in lines[1]
+  header = next(l for l in lines if l.startswith("mode"))
+  for column in ("kernel us", "jit us", "psum us", "vs psum"):
+    assert column in header
+  row = next(l for l in lines if "local" in l)
+  assert "4 KiB" in row and "3.00" in row and "12.00" in row and "4.00x" in row
+  assert any("auto -> oneshot_ll" in l for l in lines)
+  assert any("n/a" not in l and "cannot run on virtual ranks" in l for l in lines)
+
+
+def test_summary_ratio():
+  summary = bench.summarize(_records(), _SOL)
+  ratio = summary["oneshot_ll_kernel_vs_floor_plus_sol"]["virtual N=8 float32 4 KiB"]
+  assert ratio == pytest.approx(2.5 / (1.1 + 0.367))
+
+
+def test_plot_writes_png(tmp_path):
+  pytest.importorskip("matplotlib")
+  out = tmp_path / "p.png"
+  bench.plot(_records(), _SOL, str(out))
+  assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_without_gpu_says_so(tmp_path):
+  from conftest import HAS_GPU
+  if HAS_GPU:
+    pytest.skip("a GPU is present")
+  out = subprocess.run([sys.executable, "-m", "jaxll.bench", "--quick", "--json",
+                        str(tmp_path / "x.json")], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=300)
+  assert out.returncode == 0
+  assert "no CUDA GPU" in out.stdout
+  assert not (tmp_path / "x.json").exists()
+
+
+def test_json_report(tmp_path):
+  args = bench.parse_args(["--quick", "--json", str(tmp_path / "r.json")])
+  doc = json.loads(json.dumps(bench.report({"gpu": "X"}, args, _SOL, _records())))
+  assert set(doc) == {"machine", "config", "sol", "summary", "results"}
+  assert "json" not in doc["config"] and doc["config"]["sizes"] == bench.QUICK_SIZES
+  assert doc["results"][0]["kernel_us"] == 2.5
+  assert "oneshot_ll_kernel_vs_floor_plus_sol" in doc["summary"]
