@@ -177,10 +177,12 @@ def measure_sol(args) -> dict:
   dev = jax.devices("cuda")[0]
   o = dev.local_hardware_id
   reps = max(3, args.reps // 3)
-  l2 = statistics.median(ext.probe_l2_fence_us(o, 20000) for _ in range(reps))
+  l2 = statistics.median(ext.probe_l2_fence_us(o, 20000, False) for _ in range(reps))
+  store_fence = statistics.median(ext.probe_l2_fence_us(o, 20000, True) for _ in range(reps))
   one_way = statistics.median(ext.probe_pingpong_one_way_us(o, o, 20000) for _ in range(reps))
   rtt = 2 * one_way
-  sol = {"device": dev.device_kind, "l2_rtt_us": l2, "pingpong_one_way_us": one_way,
+  sol = {"device": dev.device_kind, "l2_rtt_us": l2, "store_fence_us": store_fence,
+         "pingpong_one_way_us": one_way,
          "sol_us": 2 * l2 + (rtt - 2 * l2) / 2}
   pairs = {}
   gpus = jax.devices("cuda")
@@ -227,6 +229,8 @@ def bench_virtual(args, n: int, progress) -> list[dict]:
     for nbytes in args.sizes:
       count = max(1, nbytes // item)
       for algo in args.algorithms:
+        if algo == algorithms.XLA:
+          continue  # XLA's all-reduce cannot run on virtual ranks
         rec = {"mode": "virtual", "ranks": n, "dtype": dtype, "bytes": count * item,
                "algorithm": algo}
         progress(rec)
@@ -235,8 +239,8 @@ def bench_virtual(args, n: int, progress) -> list[dict]:
           kernel, why = algorithms.choose_auto(n, count * item, np.dtype(jax.numpy.dtype(dtype)), "sum")
           rec["auto_choice"] = kernel
         if kernel == algorithms.XLA:
-          rec.update(status="n/a", reason="XLA's all-reduce cannot run on virtual ranks"
-                     + (f" (auto: {why})" if algo == algorithms.AUTO else ""))
+          rec.update(status="n/a", reason=f"auto picks xla ({why}), which cannot run on "
+                                          "virtual ranks")
         elif count * item > ws.capacity_bytes:
           rec.update(status="n/a", reason=f"exceeds the workspace capacity "
                                           f"({ws.capacity_bytes} bytes)")
@@ -339,7 +343,8 @@ def summarize(records: list[dict], sol: dict | None) -> dict:
 def format_table(records: list[dict], sol: dict | None) -> str:
   lines = []
   if sol:
-    lines.append(f"speed of light on {sol['device']}: L2 round trip {sol['l2_rtt_us']:.3f} us, "
+    lines.append(f"speed of light on {sol['device']}: L2 round trip (one __threadfence()) "
+                 f"{sol['l2_rtt_us']:.3f} us, "
                  f"ping-pong one way {sol['pingpong_one_way_us']:.3f} us, "
                  f"SoL {sol['sol_us']:.3f} us; FFI custom-call floor "
                  f"{sol['ffi_call_floor_us']:.2f} us/call")
@@ -351,14 +356,22 @@ def format_table(records: list[dict], sol: dict | None) -> str:
   header = f"{'mode':8s} {'N':>2s} {'dtype':9s} {'size':>10s} {'algorithm':11s} " \
            f"{'kernel us':>10s} {'jit us':>9s} {'psum us':>9s} {'vs psum':>8s}  note"
   lines += [header, "-" * len(header)]
+  skipped = {}
   for r in records:
+    if r["status"] != "ok":
+      key = (r["mode"], r["ranks"], r["algorithm"], r.get("reason", ""))
+      skipped.setdefault(key, []).append(r["bytes"])
+      continue
+
     def num(key, fmt="{:.2f}"):
       return fmt.format(r[key]) if key in r else "-"
-    note = r.get("reason", "") if r["status"] != "ok" else (
-        f"auto -> {r['auto_choice']}" if "auto_choice" in r else r.get("path", ""))
+    note = f"auto -> {r['auto_choice']}" if "auto_choice" in r else r.get("path", "")
     lines.append(f"{r['mode']:8s} {r['ranks']:>2d} {r['dtype']:9s} {format_size(r['bytes']):>10s} "
                  f"{r['algorithm']:11s} {num('kernel_us'):>10s} {num('jit_us'):>9s} "
                  f"{num('psum_jit_us'):>9s} {num('speedup_vs_psum', '{:.2f}x'):>8s}  {note}")
+  for (mode, n, algo, reason), sizes in skipped.items():
+    lines.append(f"not measured: {mode} N={n} {algo} at {len(sizes)} sizes "
+                 f"({format_size(min(sizes))}..{format_size(max(sizes))}): {reason}")
   return "\n".join(lines)
 
 
@@ -418,8 +431,10 @@ def main(argv=None) -> int:
           "with an NVIDIA GPU and jax's CUDA plugin.")
     return 0
 
-  total = (len(args.ranks) if "virtual" in args.mode else 0) + ("local" in args.mode)
-  total *= len(args.dtypes) * len(args.sizes) * len(args.algorithms)
+  n_virtual = len([a for a in args.algorithms if a != "xla"])
+  total = len(args.dtypes) * len(args.sizes) * (
+      (len(args.ranks) * n_virtual if "virtual" in args.mode else 0)
+      + (len(args.algorithms) if "local" in args.mode else 0))
   done = [0]
 
   def progress(rec):

@@ -10,6 +10,13 @@ epochs, double buffering, timeouts) can be tested and tuned on one GPU.
   against each other and checks every element bit for bit on the device.
 - :func:`kernel_time_us` and :func:`graph_floor_us` time kernels inside CUDA
   graphs.
+
+All ranks share one GPU, so every rank's kernel must be resident at once (the
+workspace bounds grids for that) and no rank's all-reduce may sit in a hardware
+queue behind work that waits on another rank's: set
+``CUDA_DEVICE_MAX_CONNECTIONS=32`` before CUDA starts, and issue the ranks'
+calls breadth-first (all ranks' all-reduces, then anything that depends on
+them), as these tools do.
 """
 
 from __future__ import annotations

@@ -100,7 +100,8 @@ def test_special_values(dtype):
   want = np.array([c[2] for c in cases], dtype=np.float64).astype(dt)
   out = np.asarray(jt.virtual_all_reduce(x))
   assert (_bits(out) == _bits(out)[0:1]).all()
-  np.testing.assert_array_equal(out[0], want)  # NaN == NaN here
+  # (compared as float32: the conversion is exact, and NaN == NaN for this check)
+  np.testing.assert_array_equal(out[0].astype(np.float32), want.astype(np.float32))
   assert np.array_equal(np.signbit(out[0]), np.signbit(want)), "sign of zero lost"
   # max/min propagate NaN like XLA's
   mx = np.asarray(jt.virtual_all_reduce(x, op="max"))[0]
@@ -227,5 +228,6 @@ def test_loop_inside_jit_keeps_epochs_on_device(mesh_1gpu):
     return jax.lax.fori_loop(
         0, 500, lambda i, a: jaxll.all_reduce(a, "tp", algorithm="oneshot_ll") + 1.0, v)
 
-  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("tp"), out_specs=P("tp")))
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("tp"), out_specs=P("tp"),
+                            check_vma=False))
   np.testing.assert_allclose(np.asarray(f(x)), np.asarray(x) + 500, rtol=1e-6)

@@ -179,10 +179,11 @@ NB_MODULE(_jaxll, m) {
                          static_cast<ReduceOp>(op), count, iters, reps);
   }, "id"_a, "algorithm"_a, "dtype"_a, "op"_a, "count"_a, "iters"_a, "reps"_a);
 
-  m.def("probe_l2_fence_us", [](int device, int iters) {
+  m.def("probe_l2_fence_us", [](int device, int iters, bool with_store) {
     nb::gil_scoped_release release;
-    return probe_l2_fence_us(device, iters);
-  }, "device"_a, "iters"_a, "Microseconds per __threadfence() after a store (an L2 round trip).");
+    return probe_l2_fence_us(device, iters, with_store);
+  }, "device"_a, "iters"_a, "with_store"_a = false,
+        "Microseconds per __threadfence() (the L2 round trip), or per store + fence.");
   m.def("probe_pingpong_one_way_us", [](int a, int b, int iters) {
     nb::gil_scoped_release release;
     return probe_pingpong_one_way_us(a, b, iters);

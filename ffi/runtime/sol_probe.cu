@@ -9,10 +9,12 @@
 namespace jaxll {
 namespace {
 
-__global__ void fence_loop_kernel(int iters, unsigned int* scratch, unsigned long long* out_ns) {
+// One thread: `iters` fences, each after a store when `with_store` is set.
+__global__ void fence_loop_kernel(int iters, int with_store, unsigned int* scratch,
+                                  unsigned long long* out_ns) {
   const uint64_t t0 = globaltimer_ns();
   for (int i = 0; i < iters; ++i) {
-    *reinterpret_cast<volatile unsigned int*>(scratch) = i;
+    if (with_store) *reinterpret_cast<volatile unsigned int*>(scratch) = i;
     __threadfence();
   }
   *out_ns = globaltimer_ns() - t0;
@@ -75,15 +77,15 @@ struct DeviceBuffer {
 
 }  // namespace
 
-double probe_l2_fence_us(int device, int iters) {
+double probe_l2_fence_us(int device, int iters, bool with_store) {
   DeviceGuard guard(device);
   DeviceBuffer buf;
   buf.device = device;
   check_cuda(cudaMalloc(&buf.ptr, 256), "allocating probe memory");
   auto* scratch = static_cast<unsigned int*>(buf.ptr);
   auto* out = reinterpret_cast<unsigned long long*>(static_cast<char*>(buf.ptr) + 128);
-  fence_loop_kernel<<<1, 1>>>(100, scratch, out);  // warm up
-  fence_loop_kernel<<<1, 1>>>(iters, scratch, out);
+  fence_loop_kernel<<<1, 1>>>(100, with_store, scratch, out);  // warm up
+  fence_loop_kernel<<<1, 1>>>(iters, with_store, scratch, out);
   check_cuda(cudaGetLastError(), "launching the fence probe");
   unsigned long long ns = 0;
   check_cuda(cudaMemcpy(&ns, out, sizeof(ns), cudaMemcpyDeviceToHost), "reading the fence probe");

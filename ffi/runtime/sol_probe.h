@@ -11,8 +11,9 @@
 
 namespace jaxll {
 
-// Microseconds per __threadfence() after a store, single thread, on `device`.
-double probe_l2_fence_us(int device, int iters);
+// Microseconds per __threadfence() in a single-thread loop on `device` (the
+// paper's L2 round trip), or per store + __threadfence() with `with_store`.
+double probe_l2_fence_us(int device, int iters, bool with_store);
 
 // One-way latency in microseconds of a flag ping-pong between a block on
 // `device_a` and a block on `device_b` (the same device is allowed: two blocks

@@ -157,6 +157,11 @@ StressResult stress_typed(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp
 
   const int threads = 256;
   const int grid = static_cast<int>(std::min<int64_t>(1024, (buf_len + threads - 1) / threads));
+  // Each call is issued breadth-first, phase by phase across the ranks. Virtual
+  // ranks' streams can share a hardware queue (CUDA_DEVICE_MAX_CONNECTIONS), and
+  // a queue stalls at a command that waits on its own stream's spinning
+  // all-reduce; issuing every rank's all-reduce before any rank's check keeps
+  // such a stall from ever holding back a peer's all-reduce.
   for (size_t c = 0; c < counts.size(); ++c) {
     const int64_t count = counts[c];
     const int64_t off = kGuardFront + ((c % 4 == 3) ? 1 : 0);  // every 4th call misaligned
@@ -168,13 +173,17 @@ StressResult stress_typed(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp
       if (max_delay_us > 0 && (h & 3) == 0) {
         delay_kernel<<<1, 1, 0, s>>>((h >> 8) % (static_cast<uint64_t>(max_delay_us) * 1000 + 1));
       }
-      check_cuda(launch_all_reduce(algorithm, dtype, op, comm.rank(0, r).view, in[r] + off,
-                                   out[r] + off, count, s),
-                 "launching an all-reduce of " + std::to_string(count) + " elements");
-      check_kernel<T, Op><<<grid, threads, 0, s>>>(out[r], buf_len, off, count, n, seed, c, r,
-                                                   guard, mm);
-      check_cuda(cudaGetLastError(), "launching the stress kernels");
     }
+    for (int r = 0; r < n; ++r) {
+      check_cuda(launch_all_reduce(algorithm, dtype, op, comm.rank(0, r).view, in[r] + off,
+                                   out[r] + off, count, comm.rank(0, r).stream),
+                 "launching an all-reduce of " + std::to_string(count) + " elements");
+    }
+    for (int r = 0; r < n; ++r) {
+      check_kernel<T, Op><<<grid, threads, 0, comm.rank(0, r).stream>>>(
+          out[r], buf_len, off, count, n, seed, c, r, guard, mm);
+    }
+    check_cuda(cudaGetLastError(), "launching the stress kernels");
   }
   sync_ranks(comm);
   Mismatch h{};

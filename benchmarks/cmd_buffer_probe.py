@@ -1,0 +1,65 @@
+"""Does XLA put jaxll's custom calls into command buffers (CUDA graphs)?
+
+For a jitted chain of K custom calls, prints whether the compiled HLO holds a
+command-buffer computation and the time per call, for the no-op FFI call
+(jaxll_noop) and for jaxll.all_reduce on a one-device mesh. Run it under
+different XLA_FLAGS (e.g. --xla_gpu_enable_command_buffer=) to compare.
+
+  python benchmarks/cmd_buffer_probe.py
+"""
+import os
+import statistics
+import time
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxll
+
+K, REPS = 50, 20
+
+
+def per_call(f, x):
+  jax.block_until_ready(f(x))
+  jax.block_until_ready(f(x))
+  t = []
+  for _ in range(REPS):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(x))
+    t.append((time.perf_counter() - t0) * 1e6 / K)
+  return statistics.median(t)
+
+
+def report(name, f, x):
+  text = f.lower(x).compile().as_text()
+  graphs = text.count("command_buffer")
+  print(f"{name:36s} command-buffer mentions in compiled HLO: {graphs:3d}  "
+        f"per call: {per_call(f, x):6.2f} us", flush=True)
+
+
+dev = jax.devices("cuda")[0]
+print("XLA_FLAGS =", repr(os.environ.get("XLA_FLAGS", "")))
+noop = jax.ffi.ffi_call("jaxll_noop", jax.ShapeDtypeStruct((4,), np.float32),
+                        input_output_aliases={0: 0})
+
+
+@jax.jit
+def noop_chain(v):
+  for _ in range(K):
+    v = noop(v)
+  return v
+
+
+report("jaxll_noop chain", noop_chain, jax.device_put(np.ones(4, np.float32), dev))
+
+mesh = jax.make_mesh((1,), ("x",), devices=[dev])
+xs = jax.device_put(np.ones(1024, np.float32), NamedSharding(mesh, P("x")))
+for algo in ("oneshot_ll", "xla"):
+  def body(v, algo=algo):
+    for _ in range(K):
+      v = jaxll.all_reduce(v, "x", algorithm=algo)
+    return v
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+  report(f"all_reduce({algo}) chain, 1 GPU", f, xs)
