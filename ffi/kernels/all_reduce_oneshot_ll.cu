@@ -24,6 +24,9 @@ struct OneShotArgs {
 template <class T, class Op>
 __global__ void __launch_bounds__(kBlockThreads) oneshot_ll_kernel(OneShotArgs a) {
   constexpr int E = elems_per_packet<T>();
+  bool had_error;
+  const uint32_t epoch = block_epoch_advance(a.view, &had_error);
+  const int parity = static_cast<int>(epoch & 1u);
   const int rank = a.view.rank;
   const int n = a.view.nranks;
 
@@ -35,15 +38,6 @@ __global__ void __launch_bounds__(kBlockThreads) oneshot_ll_kernel(OneShotArgs a
   T* y = static_cast<T*>(a.out);
   const bool vec = ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) & 7u) == 0;
 
-  // This thread's first packet is loaded before the epoch handshake, so the two
-  // memory round trips overlap (most small calls have one packet per thread).
-  const int64_t first = p0 + threadIdx.x;
-  const uint64_t first_value = first < p1 ? load_packet(x, first, a.count, vec) : 0ull;
-
-  bool had_error;
-  const uint32_t epoch = block_epoch_advance(a.view, &had_error);
-  const int parity = static_cast<int>(epoch & 1u);
-
   if (had_error) {
     // An earlier call of this rank timed out: the peers are out of step, so do not
     // communicate; poison the output (all-ones bits, NaN for floats) and leave.
@@ -54,8 +48,8 @@ __global__ void __launch_bounds__(kBlockThreads) oneshot_ll_kernel(OneShotArgs a
 
   // Push this block's packets into every peer's scratch, starting with the next
   // rank so that ranks spread their first stores over different peers.
-  for (int64_t i = first; i < p1; i += blockDim.x) {
-    const uint64_t v = i == first ? first_value : load_packet(x, i, a.count, vec);
+  for (int64_t i = p0 + threadIdx.x; i < p1; i += blockDim.x) {
+    const uint64_t v = load_packet(x, i, a.count, vec);
     for (int k = 1; k < n; ++k) {
       const int peer = rank + k < n ? rank + k : rank + k - n;
       ll16_store(ll_region(a.view, peer, blockIdx.x, parity, rank) + (i - p0), v, epoch);
@@ -73,13 +67,13 @@ __global__ void __launch_bounds__(kBlockThreads) oneshot_ll_kernel(OneShotArgs a
 
   // Reduce in rank order 0..n-1 from the local scratch (own data from the input).
   const WaitContext ctx = wait_context(a.view, epoch);
-  for (int64_t i = first; i < p1; i += blockDim.x) {
+  for (int64_t i = p0 + threadIdx.x; i < p1; i += blockDim.x) {
     PacketAcc<T, Op> acc;
     bool ok = true;
     for (int src = 0; src < n && ok; ++src) {
       uint64_t v;
       if (src == rank) {
-        v = i == first ? first_value : load_packet(x, i, a.count, vec);
+        v = load_packet(x, i, a.count, vec);
       } else {
         ok = ll16_wait(ll_region(a.view, rank, blockIdx.x, parity, src) + (i - p0), epoch, ctx,
                        static_cast<uint32_t>(src), &v);

@@ -26,12 +26,10 @@ __device__ __forceinline__ uint32_t block_epoch_advance(const RankView& v, bool*
   __shared__ uint32_t s_epoch;
   __shared__ int s_error;
   if (threadIdx.x == 0) {
-    // Both loads are issued before the store so their latencies overlap.
-    const unsigned long long err = *reinterpret_cast<volatile unsigned long long*>(&v.header->error);
     const uint32_t e = v.header->epochs[blockIdx.x] + 1u;
     v.header->epochs[blockIdx.x] = e;
     s_epoch = e;
-    s_error = err != 0ull;
+    s_error = *reinterpret_cast<volatile unsigned long long*>(&v.header->error) != 0ull;
   }
   __syncthreads();
   *had_error = s_error != 0;
