@@ -8,8 +8,6 @@ XLA_FLAGS=--xla_gpu_enable_command_buffer=
   python benchmarks/cmd_buffer_probe.py
 """
 import os
-import statistics
-import time
 
 import jax
 import numpy as np
@@ -17,23 +15,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxll
+from jaxll.bench import median_per_call_us
 
 K, REPS = 50, 20
 
 
-def per_call(f, x):
-  jax.block_until_ready(f(x))
-  jax.block_until_ready(f(x))
-  t = []
-  for _ in range(REPS):
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(x))
-    t.append((time.perf_counter() - t0) * 1e6 / K)
-  return statistics.median(t)
-
-
 def report(name, f, x):
-  print(f"{name:36s} per call: {per_call(f, x):6.2f} us", flush=True)
+  print(f"{name:36s} per call: {median_per_call_us(f, x, K, REPS):6.2f} us", flush=True)
 
 
 dev = jax.devices("cuda")[0]

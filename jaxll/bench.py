@@ -155,7 +155,9 @@ def _package_version(prefix: str) -> str | None:
 
 # --- timing helpers -------------------------------------------------------------------
 
-def _median_per_call(fn, arg, calls_per_run: int, reps: int) -> float:
+def median_per_call_us(fn, arg, calls_per_run: int, reps: int) -> float:
+  """Median over `reps` runs of fn(arg) of the wall time per call, in µs (after
+  one warm-up run), where one run makes `calls_per_run` calls."""
   import jax
   jax.block_until_ready(fn(arg))  # compile and warm up
   samples = []
@@ -206,7 +208,7 @@ def measure_sol(args) -> dict:
     return v
 
   x = jax.device_put(np.ones(4, np.float32), dev)
-  sol["ffi_call_floor_us"] = _median_per_call(chain, x, args.chain, args.reps)
+  sol["ffi_call_floor_us"] = median_per_call_us(chain, x, args.chain, args.reps)
   sol["graph_node_floor_us"] = {
       str(n): statistics.median(jt.graph_floor_us(n, iters=args.iters, reps=args.reps))
       for n in (args.ranks if "virtual" in args.mode else [])}
@@ -257,7 +259,7 @@ def bench_virtual(args, n: int, progress) -> list[dict]:
             return v
 
           rec.update(status="ok", kernel_us=statistics.median(samples), kernel_us_samples=samples,
-                     jit_us=_median_per_call(chain, x, args.chain, args.reps))
+                     jit_us=median_per_call_us(chain, x, args.chain, args.reps))
         records.append(rec)
   import jaxll
   jaxll.check_errors()
@@ -307,7 +309,7 @@ def bench_local(args, progress) -> list[dict]:
           records.append(rec)
           continue
         rec["path"] = sites[0].algorithm if sites else "?"
-        rec.update(status="ok", jit_us=_median_per_call(f, x, args.chain, args.reps))
+        rec.update(status="ok", jit_us=median_per_call_us(f, x, args.chain, args.reps))
         records.append(rec)
   # psum as the reference for every point, from the same run.
   by_point = {}
