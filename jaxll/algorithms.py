@@ -1,7 +1,8 @@
 """The algorithms an all-reduce can lower to, and the automatic choice between them.
 
 Everything about which algorithm serves which call lives here: the kernel
-catalogue (what each one supports) and the ``auto`` table. The lowering rule in
+catalogue (what each one supports) and the ``auto`` choice, which reads a table
+of measurements (``jaxll/auto_table.json`` by default). The lowering rule in
 ``jaxll/lowering.py`` asks :func:`choose_auto` and :func:`kernel_limits` and
 nothing else.
 """
@@ -9,17 +10,26 @@ nothing else.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import threading
 
 import numpy as np
 
 AUTO = "auto"
 XLA = "xla"
 ONESHOT_LL = "oneshot_ll"
+ONESHOT_SENTINEL = "oneshot_sentinel"
+TWOSHOT_LL = "twoshot_ll"
+TWOSHOT_SENTINEL = "twoshot_sentinel"
+TWOSHOT_LL128_ATOMIC = "twoshot_ll128_atomic"
+ONESHOT_BARRIER = "oneshot_barrier"
+TWOSHOT_BARRIER = "twoshot_barrier"
 
 # Codes shared with the native side (ffi/kernels/all_reduce.h).
 OP_CODES = {"sum": 0, "max": 1, "min": 2}
 DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2, "int32": 3}
+_WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,58 +38,45 @@ class AlgorithmSpec:
   code: int  # passed to the FFI handler; 0 means XLA's own all-reduce
   ops: frozenset[str]
   dtypes: frozenset[str]
+  auto: bool           # may "auto" pick it
+  reproducible: bool   # bitwise identical results from run to run
   summary: str
 
 
-_KERNEL_DTYPES = frozenset(DTYPE_CODES)
+_ALL_OPS = frozenset(OP_CODES)
+_SUM = frozenset({"sum"})
+_ALL_DTYPES = frozenset(DTYPE_CODES)
+_FLOATS = frozenset({"float32", "bfloat16", "float16"})
 
-SPECS: dict[str, AlgorithmSpec] = {
-    XLA: AlgorithmSpec(
-        XLA, 0, frozenset(OP_CODES), frozenset(),
-        "XLA's own all-reduce (NCCL on GPUs); serves every dtype and size"),
-    ONESHOT_LL: AlgorithmSpec(
-        ONESHOT_LL, 1, frozenset(OP_CODES), _KERNEL_DTYPES,
-        "one-shot push of LL16 packets (8 B data + flag per 16 B store), "
-        "double-buffered by epoch parity, no barrier"),
-}
+SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in [
+    AlgorithmSpec(XLA, 0, _ALL_OPS, frozenset(), True, True,
+                  "XLA's own all-reduce (NCCL on GPUs); serves every dtype and size"),
+    AlgorithmSpec(ONESHOT_LL, 1, _ALL_OPS, _ALL_DTYPES, True, True,
+                  "one-shot push of LL16 packets (8 B data + flag per 16 B store); "
+                  "the smallest messages"),
+    AlgorithmSpec(ONESHOT_SENTINEL, 2, _ALL_OPS, _FLOATS, True, True,
+                  "one-shot push of raw data into sentinel-filled scratch (full bandwidth)"),
+    AlgorithmSpec(TWOSHOT_LL, 3, _ALL_OPS, _ALL_DTYPES, True, True,
+                  "reduce-scatter + all-gather over LL16 packets"),
+    AlgorithmSpec(TWOSHOT_SENTINEL, 4, _ALL_OPS, _FLOATS, True, True,
+                  "reduce-scatter + all-gather over sentinel scratch; mid-size and large "
+                  "messages"),
+    AlgorithmSpec(TWOSHOT_LL128_ATOMIC, 5, _SUM, _FLOATS, False, False,
+                  "reduce-scatter by vector atomic adds into 128 B lines with an arrival "
+                  "counter, all-gather over sentinel scratch; opt-in: sums vary from run "
+                  "to run (identical across ranks), f16/bf16 accumulate in their own "
+                  "precision, f32 subnormals flush to zero, -0.0 sums to +0.0"),
+    AlgorithmSpec(ONESHOT_BARRIER, 6, _SUM, _ALL_DTYPES, False, True,
+                  "baseline: one-shot with two explicit cross-rank flag barriers per round"),
+    AlgorithmSpec(TWOSHOT_BARRIER, 7, _SUM, _ALL_DTYPES, False, True,
+                  "baseline: two-shot with three explicit cross-rank flag barriers per "
+                  "round"),
+]}
 
 #: Every name ``jaxll.all_reduce(algorithm=...)`` accepts.
 ALGORITHMS: tuple[str, ...] = (AUTO,) + tuple(SPECS)
-
-# --- The automatic choice -----------------------------------------------------
-#
-# Provisional table (issue 2): the only kernel so far is the one-shot LL kernel,
-# whose traffic grows as 2 (N-1) M per GPU. It is chosen up to DEFAULT_AUTO_MAX_BYTES
-# per rank, beyond which XLA's all-reduce (NCCL) serves the call. The crossover is
-# to be re-measured with the algorithms issue (virtual ranks) and on multi-GPU
-# hosts; until then it is the only tunable and can be overridden with the
-# JAXLL_AUTO_MAX_BYTES environment variable.
-DEFAULT_AUTO_MAX_BYTES = 256 * 1024
-
-
-def auto_max_bytes() -> int:
-  value = os.environ.get("JAXLL_AUTO_MAX_BYTES")
-  if value is None:
-    return DEFAULT_AUTO_MAX_BYTES
-  try:
-    return int(value)
-  except ValueError:
-    raise ValueError(
-        f"JAXLL_AUTO_MAX_BYTES must be an integer number of bytes, got {value!r}"
-    ) from None
-
-
-def choose_auto(group_size: int, nbytes: int, dtype: np.dtype, op: str) -> tuple[str, str]:
-  """Returns (algorithm, reason) for ``algorithm="auto"``."""
-  if group_size == 1:
-    return XLA, "group of one device: XLA elides the all-reduce"
-  limit = auto_max_bytes()
-  if nbytes > limit:
-    return XLA, f"{nbytes} bytes > auto crossover {limit} bytes"
-  reason = kernel_limits(ONESHOT_LL, dtype, op)
-  if reason:
-    return XLA, reason
-  return ONESHOT_LL, f"{nbytes} bytes <= auto crossover {limit} bytes"
+#: The jaxll kernels (everything but XLA).
+KERNELS: tuple[str, ...] = tuple(n for n, s in SPECS.items() if s.code)
 
 
 def kernel_limits(name: str, dtype: np.dtype, op: str) -> str | None:
@@ -90,5 +87,138 @@ def kernel_limits(name: str, dtype: np.dtype, op: str) -> str | None:
     return (f"{name} has no kernel for {dtype_name} "
             f"(it supports {', '.join(sorted(spec.dtypes))})")
   if op not in spec.ops:
-    return f"{name} does not support op={op!r}"
+    return f"{name} does not support op={op!r} (it supports {', '.join(sorted(spec.ops))})"
   return None
+
+
+# --- The automatic choice -----------------------------------------------------
+#
+# The table maps (group size, element type, message bytes per rank) to the
+# algorithms ranked fastest first, as measured by ``benchmarks/tune_auto.py``
+# (kernel time on virtual ranks); ``auto`` takes the first one that supports the
+# call's dtype and op. Above ``xla_above_bytes`` (per group size) XLA's
+# all-reduce serves the call. Format of the JSON document:
+#
+#   {"source": "...", "xla_above_bytes": {"default": B, "8": B8, ...},
+#    "tables": {"<N>": {"<dtype>": [[max_bytes, ["algo", ...]], ...]}}}
+#
+# Group sizes without a table use the nearest smaller one that has one (else
+# the smallest); dtypes without one use the table of a dtype of equal width.
+# Overrides: JAXLL_AUTO_TABLE=/path/to/table.json, set_auto_table(), and
+# JAXLL_AUTO_MAX_BYTES (replaces every xla_above_bytes).
+
+DEFAULT_TABLE_PATH = os.path.join(os.path.dirname(__file__), "auto_table.json")
+_table_lock = threading.Lock()
+_table: dict | None = None
+
+
+def _check_table(table: dict) -> dict:
+  try:
+    xla = table["xla_above_bytes"]
+    int(xla["default"])
+    for n, per_dtype in table["tables"].items():
+      int(n)
+      for dtype, rows in per_dtype.items():
+        if dtype not in DTYPE_CODES:
+          raise ValueError(f"unknown dtype {dtype!r} (known: {sorted(DTYPE_CODES)})")
+        last = 0
+        for max_bytes, ranked in rows:
+          if int(max_bytes) <= last:
+            raise ValueError(f"rows of N={n} {dtype} must grow in max_bytes")
+          last = int(max_bytes)
+          for name in ranked:
+            if name not in SPECS or name == XLA:
+              raise ValueError(f"unknown kernel {name!r} in N={n} {dtype}")
+  except (KeyError, TypeError) as e:
+    raise ValueError(f"malformed auto table: {e!r}") from None
+  return table
+
+
+def load_auto_table(path: str | None = None) -> dict:
+  """Reads an auto table (default: $JAXLL_AUTO_TABLE, else the shipped one)."""
+  path = path or os.environ.get("JAXLL_AUTO_TABLE") or DEFAULT_TABLE_PATH
+  with open(path) as f:
+    try:
+      return _check_table(json.load(f))
+    except (ValueError, json.JSONDecodeError) as e:
+      raise ValueError(f"auto table {path}: {e}") from None
+
+
+def auto_table() -> dict:
+  """The table ``auto`` uses now."""
+  global _table
+  with _table_lock:
+    if _table is None:
+      _table = load_auto_table()
+    return _table
+
+
+def set_auto_table(table: dict | str | None) -> None:
+  """Replaces the auto table (a dict, a path to a JSON file, or None to go back
+  to the default). Affects call sites lowered from now on."""
+  global _table
+  with _table_lock:
+    if table is None:
+      _table = None
+    elif isinstance(table, str):
+      _table = load_auto_table(table)
+    else:
+      _table = _check_table(table)
+
+
+def auto_max_bytes(group_size: int) -> int:
+  """Largest message (bytes per rank) ``auto`` gives a jaxll kernel."""
+  value = os.environ.get("JAXLL_AUTO_MAX_BYTES")
+  if value is not None:
+    try:
+      return int(value)
+    except ValueError:
+      raise ValueError(
+          f"JAXLL_AUTO_MAX_BYTES must be an integer number of bytes, got {value!r}") from None
+  xla = auto_table()["xla_above_bytes"]
+  return int(xla.get(str(group_size), xla["default"]))
+
+
+def _rows_for(table: dict, group_size: int, dtype: np.dtype) -> list:
+  tables = table["tables"]
+  sizes = sorted(int(n) for n in tables)
+  if not sizes:
+    return []
+  below = [n for n in sizes if n <= group_size]
+  per_dtype = tables[str(below[-1] if below else sizes[0])]
+  name = np.dtype(dtype).name
+  if name in per_dtype:
+    return per_dtype[name]
+  width = np.dtype(dtype).itemsize
+  for other, rows in sorted(per_dtype.items()):
+    if _WIDTH[other] == width:
+      return rows
+  return next(iter(per_dtype.values()), [])
+
+
+def ranked_kernels(group_size: int, nbytes: int, dtype: np.dtype) -> list[str]:
+  """The table's ranking (fastest first) for a message of `nbytes` per rank."""
+  rows = _rows_for(auto_table(), group_size, dtype)
+  for max_bytes, ranked in rows:
+    if nbytes <= int(max_bytes):
+      return list(ranked)
+  return list(rows[-1][1]) if rows else [ONESHOT_LL]
+
+
+def choose_auto(group_size: int, nbytes: int, dtype: np.dtype, op: str) -> tuple[str, str]:
+  """Returns (algorithm, reason) for ``algorithm="auto"``."""
+  if group_size == 1:
+    return XLA, "group of one device: XLA elides the all-reduce"
+  limit = auto_max_bytes(group_size)
+  if nbytes > limit:
+    return XLA, f"{nbytes} bytes > auto crossover {limit} bytes"
+  problems = []
+  for name in ranked_kernels(group_size, nbytes, dtype):
+    if not SPECS[name].auto:
+      continue
+    problem = kernel_limits(name, dtype, op)
+    if problem is None:
+      return name, (f"auto table: fastest kernel for N={group_size}, {np.dtype(dtype).name}, "
+                    f"{nbytes} bytes that supports op={op!r}")
+    problems.append(problem)
+  return XLA, "no kernel in the auto table serves it: " + "; ".join(problems)

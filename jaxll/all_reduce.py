@@ -42,12 +42,14 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto"):
     axis_name: a mesh axis name, or a tuple of them.
     op: ``"sum"``, ``"max"`` or ``"min"``.
     algorithm: ``"auto"`` picks per call site (see ``jaxll.algorithms``);
-      ``"xla"`` forces XLA's own all-reduce; a kernel name (e.g.
-      ``"oneshot_ll"``) forces that kernel and raises
+      ``"xla"`` forces XLA's own all-reduce; a kernel name (one of
+      ``jaxll.ALGORITHMS``, e.g. ``"oneshot_ll"`` or ``"twoshot_sentinel"``)
+      forces that kernel and raises
       :class:`AlgorithmUnavailableError` at lowering if it cannot serve the call.
 
   Where no kernel can serve a call (CPU or other backends, a group spanning
-  processes, peers without peer access, unsupported dtype or size), it lowers to
+  processes, peers without peer access, an unsupported dtype or op, or with
+  ``"auto"`` a message past the measured crossover), it lowers to
   XLA's all-reduce, exactly as ``psum`` would. ``jaxll.explain(f, *args)`` shows
   which path each call site took.
   """

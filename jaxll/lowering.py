@@ -130,10 +130,6 @@ def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
 
   ws = workspace.get_workspace([[d.local_hardware_id for d in g] for g in groups],
                                [[d.id for d in g] for g in groups])
-  if nbytes > ws.capacity_bytes:
-    return xla(f"{nbytes} bytes per device exceed the workspace capacity of "
-               f"{ws.capacity_bytes} bytes (raise it with "
-               f"jaxll.set_config(scratch_bytes=...) or JAXLL_SCRATCH_BYTES)", n)
   return Decision(name, reason, ws.id, n)
 
 

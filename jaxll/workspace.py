@@ -7,10 +7,13 @@ cached under a stable key (the groups' device ids and the configuration), and
 reused by every jitted function and step after that. It is freed by
 :func:`free_workspaces` or at interpreter exit.
 
-Memory per rank: ``4 * N * scratch_bytes`` plus 4 KiB, for a group of N
-devices (the LL scratch holds, for each of two epoch parities, N incoming
-copies of a ``scratch_bytes`` message at 16 bytes per 8 bytes of payload). With
-the default 512 KiB, a group of 8 GPUs uses 16 MiB on each GPU.
+``scratch_bytes`` is what one round of a one-shot kernel moves per rank (a
+two-shot round moves N times that); messages of any size run, in as many rounds
+as they need. Memory per rank is about ``(14 * N + 2) * scratch_bytes`` for a
+group of N devices: for each of two scratch phases and two epoch parities, N
+incoming regions of LL16 (twice the payload) and of sentinel scratch, plus
+single-buffered regions for the barrier baselines and the LL128-atomic lines.
+With the default 512 KiB, a group of 8 GPUs uses about 57 MiB on each GPU.
 """
 
 from __future__ import annotations
@@ -36,9 +39,9 @@ class WorkspaceConfig:
   """How workspaces are built.
 
   Attributes:
-    scratch_bytes: the largest message, in bytes per rank, the one-shot kernel
-      serves; larger messages go to XLA's all-reduce. Memory per rank is
-      ``4 * N * scratch_bytes`` for a group of N devices.
+    scratch_bytes: bytes per rank one round of a one-shot kernel moves (larger
+      messages take several rounds). Memory per rank is about
+      ``(14 * N + 2) * scratch_bytes`` for a group of N devices.
     timeout_ms: how long a kernel waits for a peer before it gives up, records
       an error and poisons its output (instead of hanging the GPU).
   """
@@ -93,7 +96,8 @@ class Workspace:
   device_ids: tuple[tuple[int, ...], ...]  # jax Device.id of each rank, per group
   ordinals: tuple[tuple[int, ...], ...]    # CUDA ordinal of each rank, per group
   config: WorkspaceConfig
-  capacity_bytes: int   # largest message per rank the kernels accept
+  round_bytes: int      # bytes per rank one one-shot round moves
+  region_bytes: int     # scratch per (block, parity, source) region
   bytes_per_rank: int   # device memory each rank holds
   max_blocks: int       # grid bound that keeps every block co-resident
 
@@ -117,7 +121,8 @@ def get_workspace(ordinals: Sequence[Sequence[int]], device_ids: Sequence[Sequen
                              int(config.scratch_bytes), int(config.timeout_ms))
       info = ext.comm_info(comm)
       ws = Workspace(id=comm, virtual=virtual, device_ids=device_ids, ordinals=ordinals,
-                     config=config, capacity_bytes=int(info["capacity_bytes"]),
+                     config=config, round_bytes=int(info["round_bytes"]),
+                     region_bytes=int(info["region_bytes"]),
                      bytes_per_rank=int(info["bytes_per_rank"]),
                      max_blocks=int(info["max_blocks"]))
       _registry[key] = ws

@@ -15,23 +15,41 @@ enum class DType : int { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
 // Reduction operators (values match jaxll/algorithms.py).
 enum class ReduceOp : int { kSum = 0, kMax = 1, kMin = 2 };
 // Kernel algorithms (values match jaxll/algorithms.py; 0 is XLA's own all-reduce).
-enum class Algorithm : int { kOneShotLL = 1 };
+enum class Algorithm : int {
+  kOneShotLL = 1,
+  kOneShotSentinel = 2,
+  kTwoShotLL = 3,
+  kTwoShotSentinel = 4,
+  kTwoShotLL128Atomic = 5,
+  kOneShotBarrier = 6,
+  kTwoShotBarrier = 7,
+};
+constexpr int kLastAlgorithm = 7;
 
 int dtype_bytes(DType t);
 
 struct LaunchPlan {
-  int blocks = 0;   // 0: the message does not fit the workspace
+  int blocks = 0;  // 0: the call cannot run (see plan_all_reduce)
   int threads = 0;
+  int64_t units = 0;        // transfer units of the message
+  int64_t span = 0;         // units per block
+  int64_t round_units = 0;  // most units per block and round
+  int64_t rounds = 0;       // rounds of the busiest block
 };
 
-// Grid for a one-shot LL all-reduce of `count` elements of `elem_bytes` bytes,
-// given the workspace's packets per block region and its co-residency bound on
-// blocks. Depends only on its arguments, so every rank computes the same grid.
-LaunchPlan plan_oneshot_ll(int64_t count, int elem_bytes, uint32_t slots_per_block,
-                           int max_blocks);
+// Grid and round structure of an all-reduce of `count` elements of
+// `elem_bytes` bytes over `nranks` ranks, for a workspace of geometry `geo`
+// whose grids are bounded by `max_blocks`. Depends only on its arguments, so
+// every rank computes the same plan.
+LaunchPlan plan_all_reduce(Algorithm algorithm, int64_t count, int elem_bytes, int nranks,
+                           const ScratchGeometry& geo, int max_blocks);
+
+// True when `algorithm` has a kernel for (dtype, op).
+bool has_kernel(Algorithm algorithm, DType dtype, ReduceOp op);
 
 // Launches one all-reduce of `count` elements from `in` to `out` (may alias) for
-// the rank described by `view`, on `stream`.
+// the rank described by `view`, on `stream`. cudaErrorInvalidValue when there is
+// no kernel for the combination or the plan is empty.
 cudaError_t launch_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op, const RankView& view,
                               const void* in, void* out, int64_t count, cudaStream_t stream);
 

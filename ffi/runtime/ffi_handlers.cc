@@ -38,7 +38,7 @@ ffi::Error to_dtype(ffi::DataType t, DType* out) {
 }
 
 ffi::Error check_call(int64_t algorithm, int64_t op) {
-  if (algorithm != static_cast<int64_t>(Algorithm::kOneShotLL)) {
+  if (algorithm < 1 || algorithm > kLastAlgorithm) {
     return ffi::Error::InvalidArgument("jaxll: unknown algorithm code " +
                                        std::to_string(algorithm));
   }
@@ -62,8 +62,8 @@ ffi::Error use_device(int ordinal) {
 ffi::Error launch_error(cudaError_t e, const Comm& c, const std::string& what) {
   if (e == cudaErrorInvalidValue) {
     return ffi::Error::InvalidArgument(
-        "jaxll: " + what + " does not fit workspace " + std::to_string(c.id()) +
-        " (capacity " + std::to_string(c.capacity_bytes()) + " bytes per rank)");
+        "jaxll: workspace " + std::to_string(c.id()) + " has no kernel for " + what +
+        " (algorithm, element type and reduction do not go together)");
   }
   return ffi::Error::Internal("jaxll: launching " + what + " failed: " + cudaGetErrorName(e) +
                               " (" + cudaGetErrorString(e) + ")");

@@ -96,9 +96,9 @@ NB_MODULE(_jaxll, m) {
     d["virtual_ranks"] = c.virtual_ranks();
     d["group_count"] = c.group_count();
     d["group_size"] = c.group_size();
-    d["capacity_bytes"] = c.capacity_bytes();
+    d["round_bytes"] = c.round_bytes();
     d["bytes_per_rank"] = c.bytes_per_rank();
-    d["slots_per_block"] = c.slots_per_block();
+    d["region_bytes"] = c.geometry().region_bytes;
     d["max_blocks"] = c.max_blocks();
     d["scratch_bytes"] = c.config().scratch_bytes;
     d["timeout_ms"] = c.config().timeout_ms;
@@ -126,6 +126,13 @@ NB_MODULE(_jaxll, m) {
     return out;
   }, "id"_a, "Errors recorded by the comm's kernels: (group, rank, ordinal, word, message).");
 
+  m.def("set_epochs", [](int64_t id, uint64_t epoch, uint64_t refreshed) {
+    Comm& c = get_comm(id);
+    nb::gil_scoped_release release;
+    c.set_epochs(epoch, refreshed);
+  }, "id"_a, "epoch"_a, "refreshed"_a,
+        "Testing hook: sets every block's epoch and LL16 refresh record (devices idle).");
+
   m.def("free_comm", [](int64_t id) {
     nb::gil_scoped_release release;
     return comm_free(id);
@@ -144,19 +151,47 @@ NB_MODULE(_jaxll, m) {
     return encode_error(static_cast<ErrorKind>(kind), rank, peer, block, epoch);
   });
 
-  m.def("plan_oneshot_ll", [](int64_t count, int elem_bytes, uint32_t slots_per_block, int max_blocks) {
-    LaunchPlan p = plan_oneshot_ll(count, elem_bytes, slots_per_block, max_blocks);
-    return nb::make_tuple(p.blocks, p.threads);
-  }, "count"_a, "elem_bytes"_a, "slots_per_block"_a, "max_blocks"_a,
-        "Grid (blocks, threads) of a one-shot LL call; blocks == 0 if it does not fit.");
+  m.def("plan_all_reduce", [](int algorithm, int64_t count, int elem_bytes, int nranks,
+                              size_t region_bytes, int max_blocks) {
+    const ScratchGeometry geo = make_geometry(nranks, max_blocks, region_bytes);
+    const LaunchPlan p = plan_all_reduce(static_cast<Algorithm>(algorithm), count, elem_bytes,
+                                         nranks, geo, max_blocks);
+    nb::dict d;
+    d["blocks"] = p.blocks;
+    d["threads"] = p.threads;
+    d["units"] = p.units;
+    d["span"] = p.span;
+    d["round_units"] = p.round_units;
+    d["rounds"] = p.rounds;
+    return d;
+  }, "algorithm"_a, "count"_a, "elem_bytes"_a, "nranks"_a, "region_bytes"_a, "max_blocks"_a,
+        "Grid and rounds of an all-reduce (blocks == 0: it cannot run).");
+  m.def("geometry", [](int nranks, int blocks, size_t region_bytes) {
+    const ScratchGeometry g = make_geometry(nranks, blocks, region_bytes);
+    nb::dict d;
+    d["region_bytes"] = g.region_bytes;
+    d["ll_offset"] = g.ll_offset;
+    d["sentinel_offset"] = g.sentinel_offset;
+    d["plain_offset"] = g.plain_offset;
+    d["atomic_offset"] = g.atomic_offset;
+    d["total_bytes"] = g.total_bytes;
+    return d;
+  }, "nranks"_a, "blocks"_a, "region_bytes"_a, "Layout of one rank's workspace.");
+  m.def("has_kernel", [](int algorithm, int dtype, int op) {
+    return has_kernel(static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
+                      static_cast<ReduceOp>(op));
+  }, "algorithm"_a, "dtype"_a, "op"_a);
+  m.attr("last_algorithm") = kLastAlgorithm;
 
-  m.def("virtual_stress", [](int64_t id, int algorithm, int dtype, int op,
+  m.def("virtual_stress", [](int64_t id, const std::vector<int>& algorithms, int dtype, int op,
                              const std::vector<int64_t>& counts, uint64_t seed, int max_delay_us) {
     Comm& c = get_comm(id);
+    std::vector<Algorithm> algs;
+    for (int a : algorithms) algs.push_back(static_cast<Algorithm>(a));
     StressResult r;
     {
       nb::gil_scoped_release release;
-      r = virtual_stress(c, static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
+      r = virtual_stress(c, algs, static_cast<DType>(dtype),
                          static_cast<ReduceOp>(op), counts, seed, max_delay_us);
     }
     nb::dict d;
@@ -169,7 +204,7 @@ NB_MODULE(_jaxll, m) {
     d["want_bits"] = r.want_bits;
     d["error"] = r.error;
     return d;
-  }, "id"_a, "algorithm"_a, "dtype"_a, "op"_a, "counts"_a, "seed"_a, "max_delay_us"_a);
+  }, "id"_a, "algorithms"_a, "dtype"_a, "op"_a, "counts"_a, "seed"_a, "max_delay_us"_a);
 
   m.def("virtual_bench", [](int64_t id, int algorithm, int dtype, int op, int64_t count, int iters,
                             int reps) {

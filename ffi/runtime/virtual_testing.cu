@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <stdexcept>
 
 #include "jaxll/elements.cuh"
@@ -102,6 +103,63 @@ __global__ void check_kernel(const T* buf, int64_t buf_len, int64_t off, int64_t
   }
 }
 
+// Output pointers of every rank, passed by value.
+template <class T>
+struct RankOutputs {
+  const T* out[kMaxRanks];
+};
+
+// Check for algorithms whose sums are not reproducible (LL128-atomic): every
+// rank's output must equal rank 0's bit for bit, and rank 0's must be within
+// n * eps(T) * sum|x| of the float64 sum.
+template <class T>
+__global__ void check_close_kernel(RankOutputs<T> outs, int64_t buf_len, int64_t off,
+                                   int64_t count, int nranks, uint64_t seed, uint64_t call,
+                                   uint32_t guard, float eps, Mismatch* mm) {
+  using Bits = typename ElemTraits<T>::Bits;
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < buf_len;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t got0 = bits_of(outs.out[0][j]);
+    const int64_t i = j - off;
+    int bad_rank = -1;
+    uint32_t got = got0, want = got0;
+    if (i >= 0 && i < count) {
+      double sum = 0, mag = 0;
+      for (int r = 0; r < nranks; ++r) {
+        const double xv = ElemTraits<T>::to_acc(gen_value<T>(value_hash(seed, call, r, i)));
+        sum += xv;
+        mag += fabs(xv);
+      }
+      const double g = ElemTraits<T>::to_acc(outs.out[0][j]);
+      if (!(fabs(g - sum) <= nranks * static_cast<double>(eps) * mag + 1e-30)) {
+        bad_rank = 0;
+        want = bits_of(ElemTraits<T>::from_acc(static_cast<float>(sum)));
+      }
+    } else if (got0 != static_cast<Bits>(guard)) {
+      bad_rank = 0;
+      want = static_cast<Bits>(guard);
+    }
+    for (int r = 1; r < nranks && bad_rank < 0; ++r) {
+      const uint32_t b = bits_of(outs.out[r][j]);
+      if (b != got0) {
+        bad_rank = r;
+        got = b;
+        want = got0;
+      }
+    }
+    if (bad_rank >= 0) {
+      atomicAdd(&mm->count, 1ull);
+      if (atomicCAS(&mm->claimed, 0, 1) == 0) {
+        mm->rank = bad_rank;
+        mm->call = static_cast<long long>(call);
+        mm->index = i;
+        mm->got = got;
+        mm->want = want;
+      }
+    }
+  }
+}
+
 __global__ void delay_kernel(uint64_t ns) {
   const uint64_t start = globaltimer_ns();
   while (globaltimer_ns() - start < ns) {
@@ -138,21 +196,37 @@ void sync_ranks(Comm& comm) {
     check_cuda(cudaStreamSynchronize(comm.rank(0, i).stream), "waiting for a virtual rank");
 }
 
+bool reproducible(Algorithm a) { return a != Algorithm::kTwoShotLL128Atomic; }
+
+template <class T>
+float accumulation_eps() {
+  return sizeof(T) == 4 ? 1.0f / (1 << 23) : (std::is_same<T, __half>::value ? 1.0f / 1024 : 1.0f / 128);
+}
+
 template <class T, class Op>
-StressResult stress_typed(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp op,
-                          const std::vector<int64_t>& counts, uint64_t seed, int max_delay_us) {
+StressResult stress_typed(Comm& comm, const std::vector<Algorithm>& algorithms, DType dtype,
+                          ReduceOp op, const std::vector<int64_t>& counts, uint64_t seed,
+                          int max_delay_us) {
   const int n = comm.group_size();
   const int64_t max_count = counts.empty() ? 1 : *std::max_element(counts.begin(), counts.end());
   const int64_t buf_len = kGuardFront + max_count + 1 + kGuardBack;
   const uint32_t guard = sizeof(T) == 2 ? 0xA5A5u : 0xA5A5A5A5u;
   Buffers bufs;
   std::vector<T*> in(n), out(n);
+  RankOutputs<T> outs{};
   for (int r = 0; r < n; ++r) {
     in[r] = static_cast<T*>(bufs.alloc(buf_len * sizeof(T)));
     out[r] = static_cast<T*>(bufs.alloc(buf_len * sizeof(T)));
+    outs.out[r] = out[r];
   }
   Mismatch* mm = static_cast<Mismatch*>(bufs.alloc(sizeof(Mismatch)));
   check_cuda(cudaMemset(mm, 0, sizeof(Mismatch)), "clearing the mismatch record");
+  std::vector<cudaEvent_t> events(n + 1);
+  for (auto& e : events) check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating an event");
+  struct EventGuard {
+    std::vector<cudaEvent_t>& ev;
+    ~EventGuard() { for (auto e : ev) cudaEventDestroy(e); }
+  } event_guard{events};
   check_cuda(cudaDeviceSynchronize(), "preparing the stress test");
 
   const int threads = 256;
@@ -164,6 +238,7 @@ StressResult stress_typed(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp
   // such a stall from ever holding back a peer's all-reduce.
   for (size_t c = 0; c < counts.size(); ++c) {
     const int64_t count = counts[c];
+    const Algorithm algorithm = algorithms[c % algorithms.size()];
     const int64_t off = kGuardFront + ((c % 4 == 3) ? 1 : 0);  // every 4th call misaligned
     for (int r = 0; r < n; ++r) {
       cudaStream_t s = comm.rank(0, r).stream;
@@ -179,9 +254,23 @@ StressResult stress_typed(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp
                                    out[r] + off, count, comm.rank(0, r).stream),
                  "launching an all-reduce of " + std::to_string(count) + " elements");
     }
-    for (int r = 0; r < n; ++r) {
-      check_kernel<T, Op><<<grid, threads, 0, comm.rank(0, r).stream>>>(
-          out[r], buf_len, off, count, n, seed, c, r, guard, mm);
+    if (reproducible(algorithm)) {
+      for (int r = 0; r < n; ++r) {
+        check_kernel<T, Op><<<grid, threads, 0, comm.rank(0, r).stream>>>(
+            out[r], buf_len, off, count, n, seed, c, r, guard, mm);
+      }
+    } else {
+      // Compare all ranks' outputs on rank 0's stream, then let every rank go on.
+      cudaStream_t s0 = comm.rank(0, 0).stream;
+      for (int r = 1; r < n; ++r) {
+        check_cuda(cudaEventRecord(events[r], comm.rank(0, r).stream), "recording an event");
+        check_cuda(cudaStreamWaitEvent(s0, events[r], 0), "joining the ranks");
+      }
+      check_close_kernel<T><<<grid, threads, 0, s0>>>(outs, buf_len, off, count, n, seed, c,
+                                                        guard, accumulation_eps<T>(), mm);
+      check_cuda(cudaEventRecord(events[n], s0), "recording an event");
+      for (int r = 1; r < n; ++r)
+        check_cuda(cudaStreamWaitEvent(comm.rank(0, r).stream, events[n], 0), "forking the ranks");
     }
     check_cuda(cudaGetLastError(), "launching the stress kernels");
   }
@@ -203,7 +292,7 @@ StressResult stress_typed(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp
 }
 
 template <class T>
-StressResult stress_op(Comm& comm, Algorithm a, DType d, ReduceOp op,
+StressResult stress_op(Comm& comm, const std::vector<Algorithm>& a, DType d, ReduceOp op,
                        const std::vector<int64_t>& counts, uint64_t seed, int delay) {
   switch (op) {
     case ReduceOp::kSum: return stress_typed<T, SumOp>(comm, a, d, op, counts, seed, delay);
@@ -283,6 +372,7 @@ void append_typed_kernels(std::vector<const void*>& out) {
   out.push_back(reinterpret_cast<const void*>(&check_kernel<T, SumOp>));
   out.push_back(reinterpret_cast<const void*>(&check_kernel<T, MaxOp>));
   out.push_back(reinterpret_cast<const void*>(&check_kernel<T, MinOp>));
+  out.push_back(reinterpret_cast<const void*>(&check_close_kernel<T>));
 }
 
 }  // namespace
@@ -297,9 +387,14 @@ std::vector<const void*> testing_kernel_functions() {
   return out;
 }
 
-StressResult virtual_stress(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp op,
-                            const std::vector<int64_t>& counts, uint64_t seed, int max_delay_us) {
+StressResult virtual_stress(Comm& comm, const std::vector<Algorithm>& algorithm, DType dtype,
+                            ReduceOp op, const std::vector<int64_t>& counts, uint64_t seed,
+                            int max_delay_us) {
   if (!comm.virtual_ranks()) throw std::runtime_error("virtual_stress needs a virtual-rank workspace");
+  if (algorithm.empty()) throw std::runtime_error("virtual_stress needs at least one algorithm");
+  for (Algorithm a : algorithm) {
+    if (!has_kernel(a, dtype, op)) throw std::runtime_error("virtual_stress: no kernel for an algorithm/dtype/op combination");
+  }
   for (int64_t c : counts) {
     if (c <= 0) throw std::runtime_error("element counts must be positive");
   }

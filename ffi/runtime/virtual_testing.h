@@ -23,14 +23,17 @@ struct StressResult {
   std::string error;         // non-empty if a rank recorded an error (timeout)
 };
 
-// Runs counts.size() consecutive all-reduces on every virtual rank of `comm`,
-// each rank on its own stream with no synchronisation between ranks other than
-// the all-reduce itself (random delays skew the ranks further). Inputs are a
-// deterministic hash of (seed, call, rank, index); every output element, and
-// guard elements around it, are checked on the device bit for bit against the
-// same reduction computed in rank order.
-StressResult virtual_stress(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp op,
-                            const std::vector<int64_t>& counts, uint64_t seed, int max_delay_us);
+// Runs counts.size() consecutive all-reduces on every virtual rank of `comm`
+// (call i uses algorithms[i % size]), each rank on its own stream with no
+// synchronisation between ranks other than the all-reduce itself (random
+// delays skew the ranks further). Inputs are a deterministic hash of (seed,
+// call, rank, index); every output element, and guard elements around it, are
+// checked on the device: bit for bit against the same reduction computed in
+// rank order, or, for LL128-atomic (not reproducible), against the float64 sum
+// within n * eps * sum|x| and bitwise equal across ranks.
+StressResult virtual_stress(Comm& comm, const std::vector<Algorithm>& algorithms, DType dtype,
+                            ReduceOp op, const std::vector<int64_t>& counts, uint64_t seed,
+                            int max_delay_us);
 
 // Kernel time of one all-reduce, in microseconds, once per repetition: a CUDA
 // graph holds `iters` consecutive calls on every rank's stream (no joins between

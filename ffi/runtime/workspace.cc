@@ -1,10 +1,12 @@
 #include "workspace.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <atomic>
 #include <mutex>
 #include <cstdio>
 #include <stdexcept>
+#include <vector>
 
 #include "../kernels/all_reduce.h"
 #include "virtual_testing.h"
@@ -148,14 +150,9 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
                                std::to_string(n) + " virtual ranks");
     }
     c->max_blocks_ = max_blocks;
-    const uint64_t packets = (config.scratch_bytes + kLLPayloadBytes - 1) / kLLPayloadBytes;
-    uint64_t spb = (packets + max_blocks - 1) / max_blocks;
-    spb = (spb + 31) / 32 * 32;
-    if (spb > 0xFFFFFFFFull) throw std::runtime_error("scratch_bytes is too large");
-    c->slots_per_block_ = static_cast<uint32_t>(spb);
-    c->capacity_bytes_ = static_cast<size_t>(max_blocks) * spb * kLLPayloadBytes;
-    c->bytes_per_rank_ =
-        kScratchOffset + ll_scratch_bytes(static_cast<int>(n), c->slots_per_block_, max_blocks);
+    const size_t region = (config.scratch_bytes + max_blocks - 1) / max_blocks;
+    if (region > 0x7FFFFFFFull) throw std::runtime_error("scratch_bytes is too large");
+    c->geo_ = make_geometry(static_cast<int>(n), max_blocks, region);
 
     // Allocate and clear every rank's workspace.
     for (size_t gi = 0; gi < groups.size(); ++gi) {
@@ -166,8 +163,8 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
         rk->rank = static_cast<int>(r);
         rk->ordinal = groups[gi][r];
         check_cuda(cudaSetDevice(rk->ordinal), "selecting a device");
-        check_cuda(cudaMalloc(&rk->base, c->bytes_per_rank_),
-                   "allocating " + std::to_string(c->bytes_per_rank_) + " bytes of workspace on " +
+        check_cuda(cudaMalloc(&rk->base, c->bytes_per_rank()),
+                   "allocating " + std::to_string(c->bytes_per_rank()) + " bytes of workspace on " +
                        where(*rk));
         check_cuda(cudaHostAlloc(reinterpret_cast<void**>(&rk->host_error),
                                  sizeof(unsigned long long),
@@ -203,7 +200,7 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
         v.peers = table;
         v.rank = rk->rank;
         v.nranks = static_cast<int>(n);
-        v.slots_per_block = c->slots_per_block_;
+        v.geo = c->geo_;
         v.max_blocks = c->max_blocks_;
         v.timeout_ns = config.timeout_ms * 1000000ull;
 
@@ -212,7 +209,14 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
         check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "creating a stream");
         WorkspaceHeader header{};
         for (size_t r = 0; r < n; ++r) header.peer_bases[r] = g[r]->base;
-        cudaError_t e = cudaMemsetAsync(rk->base, 0, c->bytes_per_rank_, s);
+        // Everything starts zero (flags, LL16 slots, atomic lines) except the
+        // sentinel scratch, which starts poisoned.
+        const ScratchGeometry& geo = c->geo_;
+        cudaError_t e = cudaMemsetAsync(rk->base, 0, geo.total_bytes, s);
+        if (e == cudaSuccess) {
+          e = cudaMemsetAsync(static_cast<char*>(rk->base) + geo.sentinel_offset, kSentinelByte,
+                              geo.plain_offset - geo.sentinel_offset, s);
+        }
         if (e == cudaSuccess) {
           e = cudaMemcpyAsync(rk->base, &header, sizeof(header), cudaMemcpyHostToDevice, s);
         }
@@ -236,6 +240,39 @@ Rank* Comm::rank_for_ordinal(int ordinal) const {
     }
   }
   return nullptr;
+}
+
+void Comm::set_epochs(uint64_t epoch, uint64_t refreshed) {
+  DeviceGuard guard;
+  WorkspaceHeader h{};
+  for (int b = 0; b < kMaxBlocks; ++b) {
+    h.epochs[b] = epoch;
+    h.ll_refreshed[b][0] = h.ll_refreshed[b][1] = refreshed;
+  }
+  // Scratch as that history would have left it: every LL16 slot carries the
+  // last epoch's flag, every barrier flag the last barrier's value.
+  const size_t ll_words = (geo_.sentinel_offset - geo_.ll_offset) / 4;
+  std::vector<uint32_t> ll(ll_words, 0u);
+  for (size_t i = 1; i < ll_words; i += 2) ll[i] = static_cast<uint32_t>(epoch);
+  std::vector<uint32_t> flags(kMaxBlocks * kMaxRanks, static_cast<uint32_t>(epoch * 4 + 3));
+  for (auto& g : groups_) {
+    for (auto& r : g) {
+      check_cuda(cudaSetDevice(r->ordinal), "selecting a device");
+      check_cuda(cudaDeviceSynchronize(), "waiting for the device");
+      char* base = static_cast<char*>(r->base);
+      check_cuda(cudaMemcpy(base + offsetof(WorkspaceHeader, epochs), h.epochs, sizeof(h.epochs),
+                            cudaMemcpyHostToDevice),
+                 "setting epochs");
+      check_cuda(cudaMemcpy(base + offsetof(WorkspaceHeader, ll_refreshed), h.ll_refreshed,
+                            sizeof(h.ll_refreshed), cudaMemcpyHostToDevice),
+                 "setting epochs");
+      check_cuda(cudaMemcpy(base + geo_.ll_offset, ll.data(), ll_words * 4, cudaMemcpyHostToDevice),
+                 "setting LL16 flags");
+      check_cuda(cudaMemcpy(base + geo_.flags_offset, flags.data(), flags.size() * 4,
+                            cudaMemcpyHostToDevice),
+                 "setting barrier flags");
+    }
+  }
 }
 
 uint64_t Comm::error_word(const Rank& r) const {

@@ -19,7 +19,7 @@
 namespace jaxll {
 
 struct WorkspaceConfig {
-  size_t scratch_bytes = 0;  // largest message (bytes per rank) the LL scratch holds
+  size_t scratch_bytes = 0;  // payload bytes per rank one one-shot round moves (all blocks)
   uint64_t timeout_ms = 0;   // deadline of every spin-wait
 };
 
@@ -56,11 +56,18 @@ class Comm {
   // The rank a (non-virtual) comm runs on CUDA device `ordinal`, or null.
   Rank* rank_for_ordinal(int ordinal) const;
 
-  uint32_t slots_per_block() const { return slots_per_block_; }
+  const ScratchGeometry& geometry() const { return geo_; }
   int max_blocks() const { return max_blocks_; }
-  size_t capacity_bytes() const { return capacity_bytes_; }
-  size_t bytes_per_rank() const { return bytes_per_rank_; }
+  // Payload bytes per rank one round of a one-shot kernel moves (all blocks).
+  size_t round_bytes() const { return static_cast<size_t>(geo_.blocks) * geo_.region_bytes; }
+  size_t bytes_per_rank() const { return geo_.total_bytes; }
   cudaEvent_t fork_event() const { return fork_; }
+
+  // Testing hook: waits for the comm's devices to go idle, then sets every
+  // block's epoch of every rank to `epoch` and its LL16 refresh record to
+  // `refreshed` (both parities), as if that many rounds had run. Lets tests
+  // cross the 32-bit flag wrap and the LL16 refresh without 2^30 calls.
+  void set_epochs(uint64_t epoch, uint64_t refreshed);
 
   // Error word of a rank as last written by its kernels (0: none).
   uint64_t error_word(const Rank& r) const;
@@ -75,10 +82,8 @@ class Comm {
   bool virtual_ranks_ = false;
   WorkspaceConfig config_;
   std::vector<std::vector<std::unique_ptr<Rank>>> groups_;
-  uint32_t slots_per_block_ = 0;
+  ScratchGeometry geo_;
   int max_blocks_ = 0;
-  size_t capacity_bytes_ = 0;
-  size_t bytes_per_rank_ = 0;
   cudaEvent_t fork_ = nullptr;
 };
 

@@ -48,12 +48,13 @@ __device__ __forceinline__ uint64_t ll16_payload(uint4 v) {
   return static_cast<uint64_t>(v.x) | (static_cast<uint64_t>(v.z) << 32);
 }
 
-// LL flags are 32-bit epochs. A slot that was last written exactly 2^32 epochs
-// ago would look fresh, so every 2^30 epochs (at two consecutive epochs, one per
-// parity) a block rewrites every slot of its regions. This returns true at
-// those epochs.
-__device__ __forceinline__ bool ll16_refresh_epoch(uint32_t epoch) {
-  return (epoch & 0x3FFFFFFEu) == 0;
+// LL flags are the low 32 bits of a block's 64-bit epoch. A slot last written
+// exactly 2^32 epochs ago would look fresh, so a block rewrites every slot it
+// sends to (of one parity) whenever 2^30 or more epochs have passed since it
+// last did so for that parity (the epoch of the last rewrite is kept in the
+// workspace header). True when that rewrite is due.
+__device__ __forceinline__ bool ll16_refresh_due(uint64_t epoch, uint64_t last_refresh) {
+  return epoch - last_refresh >= (1ull << 30);
 }
 
 }  // namespace jaxll

@@ -11,34 +11,74 @@
 
 namespace jaxll {
 
-// The LL scratch region on rank `owner` that receives data from rank `src` for
-// block `block` at epoch parity `parity`.
-__device__ __forceinline__ LL16* ll_region(const RankView& v, int owner, int block, int parity,
-                                           int src) {
-  LL16* scratch = reinterpret_cast<LL16*>(v.peers.base[owner] + kScratchOffset);
-  return scratch + ll_slot_index(block, parity, src, v.nranks, v.slots_per_block, 0);
+// The LL16 region on rank `owner` that receives data from rank `src` for block
+// `block`, scratch phase `phase`, epoch parity `parity`.
+__device__ __forceinline__ LL16* ll_region(const RankView& v, int owner, int phase, int block,
+                                           int parity, int src) {
+  LL16* area = reinterpret_cast<LL16*>(v.peers.base[owner] + v.geo.ll_offset);
+  return area + region_index(v.geo, phase, block, parity, src) * (v.geo.region_bytes / 8);
 }
 
-// Advances this block's epoch and returns the new value; every thread of the
-// block must call it. `*had_error` is set when the workspace already holds an
-// error, in which case the caller must not communicate.
-__device__ __forceinline__ uint32_t block_epoch_advance(const RankView& v, bool* had_error) {
-  __shared__ uint32_t s_epoch;
+// The sentinel region on rank `owner` (same indexing as ll_region).
+__device__ __forceinline__ char* sentinel_region(const RankView& v, int owner, int phase,
+                                                 int block, int parity, int src) {
+  return v.peers.base[owner] + v.geo.sentinel_offset +
+         region_index(v.geo, phase, block, parity, src) * v.geo.region_bytes;
+}
+
+// The plain (barrier-protected, single-buffered) region on rank `owner`.
+__device__ __forceinline__ char* plain_region(const RankView& v, int owner, int phase, int block,
+                                              int src) {
+  const size_t idx = (static_cast<size_t>(phase) * v.geo.blocks + block) * v.geo.nranks + src;
+  return v.peers.base[owner] + v.geo.plain_offset + idx * v.geo.region_bytes;
+}
+
+// The LL128-atomic accumulation lines on rank `owner` for `block` and `parity`.
+__device__ __forceinline__ char* atomic_region(const RankView& v, int owner, int block,
+                                               int parity) {
+  return v.peers.base[owner] + v.geo.atomic_offset +
+         (static_cast<size_t>(block) * 2 + parity) * v.geo.region_bytes;
+}
+
+// Barrier flag on rank `owner` that rank `src` raises for block `block`.
+__device__ __forceinline__ uint32_t* barrier_flag(const RankView& v, int owner, int block,
+                                                  int src) {
+  return reinterpret_cast<uint32_t*>(v.peers.base[owner] + v.geo.flags_offset) +
+         block * kMaxRanks + src;
+}
+
+// What a block learns when it starts: the epoch of its first round and whether
+// the workspace already holds an error (then it must not communicate).
+struct BlockStart {
+  uint64_t epoch;            // epoch of the first round of this call
+  uint64_t ll_refreshed[2];  // header->ll_refreshed of this block, per parity
+  bool had_error;
+};
+
+// Reserves `rounds` consecutive epochs for this block; every thread of the
+// block must call it. The loads of the header are issued together, so the
+// handshake costs one memory round trip.
+__device__ __forceinline__ BlockStart block_begin(const RankView& v, uint32_t rounds) {
+  __shared__ uint64_t s_epoch, s_ref0, s_ref1;
   __shared__ int s_error;
   if (threadIdx.x == 0) {
-    const uint32_t e = v.header->epochs[blockIdx.x] + 1u;
-    v.header->epochs[blockIdx.x] = e;
-    s_epoch = e;
-    s_error = *reinterpret_cast<volatile unsigned long long*>(&v.header->error) != 0ull;
+    const unsigned long long err = *reinterpret_cast<volatile unsigned long long*>(&v.header->error);
+    const uint64_t e = v.header->epochs[blockIdx.x];
+    const uint64_t r0 = v.header->ll_refreshed[blockIdx.x][0];
+    const uint64_t r1 = v.header->ll_refreshed[blockIdx.x][1];
+    v.header->epochs[blockIdx.x] = e + rounds;
+    s_epoch = e + 1;
+    s_ref0 = r0;
+    s_ref1 = r1;
+    s_error = err != 0ull;
   }
   __syncthreads();
-  *had_error = s_error != 0;
-  return s_epoch;
+  return BlockStart{s_epoch, {s_ref0, s_ref1}, s_error != 0};
 }
 
-__device__ __forceinline__ WaitContext wait_context(const RankView& v, uint32_t epoch) {
+__device__ __forceinline__ WaitContext wait_context(const RankView& v, uint64_t epoch) {
   return WaitContext{&v.header->error, v.host_error, v.timeout_ns,
-                     static_cast<uint32_t>(v.rank), blockIdx.x, epoch};
+                     static_cast<uint32_t>(v.rank), blockIdx.x, static_cast<uint32_t>(epoch)};
 }
 
 // Waits until the LL16 packet at `slot` carries `flag`; returns its payload in

@@ -19,10 +19,10 @@ struct RankView {
   WorkspaceHeader* header;         // this rank's workspace (== peers.base[rank])
   unsigned long long* host_error;  // mapped host mirror of header->error
   PeerTable peers;
+  ScratchGeometry geo;             // where the scratch areas are (same on every rank)
   int rank;
   int nranks;
-  uint32_t slots_per_block;  // LL16 packets per (block, parity, source) region
-  int max_blocks;            // largest grid whose blocks are all co-resident
+  int max_blocks;                  // largest grid whose blocks are all co-resident
   uint64_t timeout_ns;
 };
 

@@ -2,11 +2,17 @@
 //
 // Every rank of a group allocates one block of device memory with the same layout:
 //
-//   offset 0                 WorkspaceHeader: error word, per-block epochs, peer table
-//   offset kScratchOffset    LL scratch: [block][parity][source rank][slot] of LL16 packets
+//   offset 0               WorkspaceHeader: error word, per-block epochs, peer table
+//   flags_offset           barrier flags [block][source rank] (barrier baselines only)
+//   ll_offset              LL16 scratch     [phase][block][parity][source] regions
+//   sentinel_offset        sentinel scratch [phase][block][parity][source] regions
+//   plain_offset           plain scratch    [phase][block][source] regions (barrier baselines)
+//   atomic_offset          LL128-atomic lines [block][parity] regions (zero when idle)
 //
-// Peers only ever write into the LL scratch of another rank; the header is private to
-// its owner (the peer table in it is a copy kept for users' own kernels).
+// A region carries `region_bytes` bytes of payload for one round of one block
+// (LL16 regions take twice that memory). Phase 0 receives a one-shot push or a
+// two-shot reduce-scatter, phase 1 a two-shot all-gather. Peers write only into
+// the scratch areas and flags of another rank; the header is private to its owner.
 #pragma once
 
 #include <cstddef>
@@ -30,32 +36,69 @@ constexpr int kBlockThreads = 512;
 constexpr int kLLPayloadBytes = 8;
 // Bytes one LL16 packet occupies.
 constexpr int kLLPacketBytes = 16;
+// Bytes of one LL128-atomic line (one element of it is the arrival counter).
+constexpr int kLineBytes = 128;
+// Every byte of sentinel scratch holds this when idle (see sentinel.cuh).
+constexpr unsigned char kSentinelByte = 0xFF;
+// Scratch phases: 0 = one-shot push / reduce-scatter, 1 = all-gather.
+constexpr int kPhases = 2;
+
 
 struct WorkspaceHeader {
   // Nonzero once a kernel of this rank gave up waiting (see error_word.h).
   unsigned long long error;
-  uint32_t reserved[30];
-  // Epoch of each block index: the number of calls that block index has served.
-  // Only ever incremented, by the kernels themselves; wraps modulo 2^32.
-  uint32_t epochs[kMaxBlocks];
+  uint64_t reserved[15];
+  // Epoch of each block index: the number of rounds that block index has served,
+  // over every call and algorithm. Only ever incremented, by the kernels themselves.
+  uint64_t epochs[kMaxBlocks];
+  // Epoch at which each block last rewrote every LL16 slot it sends to, per
+  // parity (see ll_packet.cuh: 32-bit flags must never alias).
+  uint64_t ll_refreshed[kMaxBlocks][2];
   // Base address (as seen from this rank's device) of every rank's workspace.
   void* peer_bases[kMaxRanks];
 };
 
-constexpr size_t kScratchOffset = 4096;
-static_assert(sizeof(WorkspaceHeader) <= kScratchOffset, "header too large");
+constexpr size_t kHeaderBytes = 4096;
+static_assert(sizeof(WorkspaceHeader) <= kHeaderBytes, "header too large");
 
-// Index of packet `slot` of the LL scratch region that block `block` uses at
-// epoch parity `parity` for data coming from rank `src`.
-JAXLL_HOST_DEVICE inline size_t ll_slot_index(int block, int parity, int src, int nranks,
-                                                uint32_t slots_per_block, size_t slot) {
-  return ((static_cast<size_t>(block) * 2 + parity) * nranks + src) * slots_per_block + slot;
+// Where each scratch area of a rank's allocation starts; identical on every rank.
+struct ScratchGeometry {
+  uint32_t region_bytes = 0;  // payload bytes per region per round (multiple of 128)
+  int blocks = 0;             // block indices with regions (the grid bound)
+  int nranks = 0;
+  size_t flags_offset = 0;
+  size_t ll_offset = 0;
+  size_t sentinel_offset = 0;
+  size_t plain_offset = 0;
+  size_t atomic_offset = 0;
+  size_t total_bytes = 0;
+};
+
+JAXLL_HOST_DEVICE inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Lays out a rank's allocation for `nranks` ranks, `blocks` block indices and
+// `region_bytes` of payload per region (rounded up to a multiple of 128).
+inline ScratchGeometry make_geometry(int nranks, int blocks, size_t region_bytes) {
+  ScratchGeometry g;
+  g.region_bytes = static_cast<uint32_t>(align_up(region_bytes, kLineBytes));
+  g.blocks = blocks;
+  g.nranks = nranks;
+  const size_t regions = static_cast<size_t>(kPhases) * blocks * 2 * nranks;
+  const size_t r = g.region_bytes;
+  g.flags_offset = kHeaderBytes;
+  g.ll_offset = align_up(g.flags_offset + sizeof(uint32_t) * kMaxBlocks * kMaxRanks, 4096);
+  g.sentinel_offset = align_up(g.ll_offset + regions * 2 * r, 4096);
+  g.plain_offset = align_up(g.sentinel_offset + regions * r, 4096);
+  g.atomic_offset =
+      align_up(g.plain_offset + static_cast<size_t>(kPhases) * blocks * nranks * r, 4096);
+  g.total_bytes = align_up(g.atomic_offset + static_cast<size_t>(blocks) * 2 * r, 4096);
+  return g;
 }
 
-// Bytes of LL scratch per rank for a group of `nranks` with `slots_per_block` packets
-// per (block, parity, source) region and `blocks` block indices.
-inline size_t ll_scratch_bytes(int nranks, uint32_t slots_per_block, int blocks) {
-  return static_cast<size_t>(blocks) * 2 * nranks * slots_per_block * kLLPacketBytes;
+// Index of the region [phase][block][parity][src] of a double-buffered area.
+JAXLL_HOST_DEVICE inline size_t region_index(const ScratchGeometry& g, int phase, int block,
+                                             int parity, int src) {
+  return ((static_cast<size_t>(phase) * g.blocks + block) * 2 + parity) * g.nranks + src;
 }
 
 }  // namespace jaxll

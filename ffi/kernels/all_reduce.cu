@@ -1,0 +1,141 @@
+// Planning and dispatch of the all-reduce kernels.
+#include "all_reduce.h"
+
+#include <algorithm>
+
+#include "all_reduce_common.cuh"
+#include "all_reduce_kernels.h"
+
+namespace jaxll {
+namespace {
+
+struct Shape {
+  Family family;
+  Proto proto;
+};
+
+bool shape_of(Algorithm a, Shape* s) {
+  switch (a) {
+    case Algorithm::kOneShotLL: *s = {Family::kOneShot, Proto::kLL}; return true;
+    case Algorithm::kOneShotSentinel: *s = {Family::kOneShot, Proto::kSentinel}; return true;
+    case Algorithm::kTwoShotLL: *s = {Family::kTwoShot, Proto::kLL}; return true;
+    case Algorithm::kTwoShotSentinel: *s = {Family::kTwoShot, Proto::kSentinel}; return true;
+    case Algorithm::kTwoShotLL128Atomic: *s = {Family::kTwoShotAtomic, Proto::kSentinel}; return true;
+    case Algorithm::kOneShotBarrier: *s = {Family::kOneShot, Proto::kBarrier}; return true;
+    case Algorithm::kTwoShotBarrier: *s = {Family::kTwoShot, Proto::kBarrier}; return true;
+  }
+  return false;
+}
+
+const KernelTable& table() {
+  static const KernelTable t = [] {
+    KernelTable k;
+    register_oneshot_kernels(k);
+    register_twoshot_kernels(k);
+    register_atomic_kernels(k);
+    return k;
+  }();
+  return t;
+}
+
+__global__ void fill_i32_kernel(int32_t* out, int32_t value) { *out = value; }
+
+__global__ void empty_kernel() {}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t round_up32(int64_t v) { return (v + 31) / 32 * 32; }
+
+}  // namespace
+
+int dtype_bytes(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kBF16: return 2;
+    case DType::kF16: return 2;
+    case DType::kI32: return 4;
+  }
+  return 0;
+}
+
+LaunchPlan plan_all_reduce(Algorithm algorithm, int64_t count, int elem_bytes, int nranks,
+                           const ScratchGeometry& geo, int max_blocks) {
+  LaunchPlan plan;
+  Shape s;
+  if (!shape_of(algorithm, &s) || count <= 0 || elem_bytes <= 0 || nranks < 1 ||
+      geo.region_bytes == 0 || max_blocks <= 0) {
+    return plan;
+  }
+  const int64_t cap = std::min<int64_t>({max_blocks, kMaxBlocks, geo.blocks});
+  int64_t units, per_region, target;
+  if (s.family == Family::kTwoShotAtomic) {
+    const int64_t per_line = kLineBytes / elem_bytes - 1;
+    units = ceil_div(count, per_line);
+    per_region = geo.region_bytes / kLineBytes;
+    target = kBlockThreads / 8;  // one line per group of 8 threads
+  } else {
+    const int unit = s.proto == Proto::kLL ? 8 : 16;
+    units = ceil_div(count * elem_bytes, unit);
+    per_region = geo.region_bytes / unit;
+    target = kBlockThreads;  // one unit per thread
+  }
+  const int64_t round_units = s.family == Family::kOneShot ? per_region : per_region * nranks;
+  int64_t blocks = std::min(std::max<int64_t>(1, ceil_div(units, target)), cap);
+  const int64_t span = ceil_div(units, blocks);
+  blocks = ceil_div(units, span);  // so that no block is left without units
+  const int64_t piece = std::min(span, round_units);
+  int64_t work;
+  if (s.family == Family::kOneShot) {
+    work = piece;
+  } else {
+    const int64_t c = ceil_div(piece, nranks);
+    work = std::max<int64_t>(c * std::max(nranks - 1, 1), 1);
+    if (s.family == Family::kTwoShotAtomic) work = c * nranks * 8;
+  }
+  plan.blocks = static_cast<int>(blocks);
+  plan.threads = static_cast<int>(std::min<int64_t>(kBlockThreads, round_up32(work)));
+  plan.units = units;
+  plan.span = span;
+  plan.round_units = round_units;
+  plan.rounds = ceil_div(span, round_units);
+  return plan;
+}
+
+bool has_kernel(Algorithm algorithm, DType dtype, ReduceOp op) {
+  Shape s;
+  return shape_of(algorithm, &s) && table().find(s.family, s.proto, dtype, op) != nullptr;
+}
+
+cudaError_t launch_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op, const RankView& view,
+                              const void* in, void* out, int64_t count, cudaStream_t stream) {
+  Shape s;
+  if (!shape_of(algorithm, &s)) return cudaErrorInvalidValue;
+  const void* fn = table().find(s.family, s.proto, dtype, op);
+  if (fn == nullptr) return cudaErrorInvalidValue;
+  const LaunchPlan plan =
+      plan_all_reduce(algorithm, count, dtype_bytes(dtype), view.nranks, view.geo, view.max_blocks);
+  if (plan.blocks == 0) return cudaErrorInvalidValue;
+  AllReduceArgs args{view, in, out, count, plan.units, plan.span, plan.round_units};
+  void* params[] = {&args};
+  return cudaLaunchKernel(fn, dim3(plan.blocks), dim3(plan.threads), params, 0, stream);
+}
+
+std::vector<const void*> all_kernel_functions() {
+  std::vector<const void*> out;
+  for (const KernelEntry& e : table().entries()) out.push_back(e.fn);
+  out.push_back(reinterpret_cast<const void*>(&fill_i32_kernel));
+  out.push_back(reinterpret_cast<const void*>(&empty_kernel));
+  return out;
+}
+
+cudaError_t launch_fill_i32(int32_t* out, int32_t value, cudaStream_t stream) {
+  fill_i32_kernel<<<1, 1, 0, stream>>>(out, value);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_empty(cudaStream_t stream) {
+  empty_kernel<<<1, 32, 0, stream>>>();
+  return cudaGetLastError();
+}
+
+}  // namespace jaxll
