@@ -1,8 +1,10 @@
 """CPU tier: pure logic that needs no GPU (choice table, grouping, grid plan,
 error words, configuration, version check)."""
 
+import json
 import types
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -11,30 +13,105 @@ from jaxll import _ext, algorithms, call_sites, lowering, workspace
 from jaxll._ext import ext
 
 
-def test_auto_choice_table(monkeypatch):
+F32 = np.dtype(np.float32)
+BF16 = np.dtype(jnp.bfloat16)
+
+_TABLE = {
+    "source": "test",
+    "xla_above_bytes": {"default": 1 << 20, "8": 4096},
+    "tables": {
+        "2": {"float32": [[64, ["oneshot_ll", "twoshot_ll"]],
+                          [1 << 20, ["twoshot_ll128_atomic", "oneshot_sentinel", "oneshot_ll"]]]},
+        "4": {"bfloat16": [[1 << 30, ["twoshot_sentinel", "twoshot_ll"]]]},
+    },
+}
+
+
+@pytest.fixture()
+def test_table(monkeypatch):
   monkeypatch.delenv("JAXLL_AUTO_MAX_BYTES", raising=False)
-  limit = algorithms.DEFAULT_AUTO_MAX_BYTES
-  f32 = np.dtype(np.float32)
-  assert algorithms.choose_auto(1, 64, f32, "sum")[0] == "xla"
-  assert algorithms.choose_auto(8, 8, f32, "sum")[0] == "oneshot_ll"
-  assert algorithms.choose_auto(8, limit, f32, "max")[0] == "oneshot_ll"
-  name, reason = algorithms.choose_auto(8, limit + 1, f32, "sum")
-  assert name == "xla" and "crossover" in reason
-  name, reason = algorithms.choose_auto(8, 64, np.dtype(np.float64), "sum")
+  algorithms.set_auto_table(_TABLE)
+  yield _TABLE
+  algorithms.set_auto_table(None)
+
+
+def test_auto_choice_follows_the_table(test_table, monkeypatch):
+  assert algorithms.choose_auto(1, 64, F32, "sum")[0] == "xla"
+  assert algorithms.choose_auto(2, 8, F32, "sum")[0] == "oneshot_ll"
+  assert algorithms.choose_auto(2, 64, F32, "max")[0] == "oneshot_ll"
+  # the atomic kernel is never chosen automatically; sentinel has no int32 kernel
+  assert algorithms.choose_auto(2, 65, F32, "sum")[0] == "oneshot_sentinel"
+  assert algorithms.choose_auto(2, 65, np.dtype(np.int32), "sum")[0] == "oneshot_ll"
+  # N=3 uses the N=2 table; a dtype without a table borrows one of equal width
+  assert algorithms.choose_auto(3, 8, F32, "sum")[0] == "oneshot_ll"
+  assert algorithms.choose_auto(4, 100, np.dtype(np.float16), "min")[0] == "twoshot_sentinel"
+  assert algorithms.choose_auto(4, 100, np.dtype(np.int32), "sum")[0] == "twoshot_ll"
+  # crossover to XLA per group size
+  name, reason = algorithms.choose_auto(8, 4097, F32, "sum")
+  assert name == "xla" and "crossover 4096" in reason
+  assert algorithms.choose_auto(2, (1 << 20) + 1, F32, "sum")[0] == "xla"
+  name, reason = algorithms.choose_auto(2, 64, np.dtype(np.float64), "sum")
   assert name == "xla" and "float64" in reason
   monkeypatch.setenv("JAXLL_AUTO_MAX_BYTES", "16")
-  assert algorithms.choose_auto(8, 32, f32, "sum")[0] == "xla"
+  assert algorithms.choose_auto(2, 32, F32, "sum")[0] == "xla"
   monkeypatch.setenv("JAXLL_AUTO_MAX_BYTES", "lots")
   with pytest.raises(ValueError, match="JAXLL_AUTO_MAX_BYTES"):
-    algorithms.choose_auto(8, 32, f32, "sum")
+    algorithms.choose_auto(2, 32, F32, "sum")
 
 
-def test_algorithm_catalogue():
+def test_auto_table_from_env_and_validation(tmp_path, monkeypatch):
+  path = tmp_path / "t.json"
+  path.write_text(json.dumps(_TABLE))
+  monkeypatch.setenv("JAXLL_AUTO_TABLE", str(path))
+  algorithms.set_auto_table(None)
+  try:
+    assert algorithms.auto_table()["source"] == "test"
+    bad = dict(_TABLE, tables={"2": {"float32": [[64, ["nope"]]]}})
+    with pytest.raises(ValueError, match="unknown kernel 'nope'"):
+      algorithms.set_auto_table(bad)
+    bad = dict(_TABLE, tables={"2": {"float32": [[64, ["oneshot_ll"]], [8, ["oneshot_ll"]]]}})
+    with pytest.raises(ValueError, match="grow"):
+      algorithms.set_auto_table(bad)
+    path.write_text("{")
+    algorithms.set_auto_table(None)
+    with pytest.raises(ValueError, match="t.json"):
+      algorithms.auto_table()
+  finally:
+    monkeypatch.delenv("JAXLL_AUTO_TABLE")
+    algorithms.set_auto_table(None)
+
+
+def test_shipped_auto_table_is_valid_and_covers_group_sizes():
+  table = algorithms.load_auto_table(algorithms.DEFAULT_TABLE_PATH)
+  assert table["source"]
+  for n in range(2, ext.max_ranks + 1):
+    for dt in (F32, BF16, np.dtype(np.float16), np.dtype(np.int32)):
+      for nbytes in (8, 4096, 1 << 20, 64 << 20):
+        assert algorithms.ranked_kernels(n, nbytes, dt), (n, dt, nbytes)
+        name, _ = algorithms.choose_auto(n, nbytes, dt, "sum")
+        assert name in algorithms.SPECS
+
+
+def test_algorithm_catalogue_matches_the_kernels():
   assert jaxll.ALGORITHMS[0] == "auto"
-  assert set(jaxll.ALGORITHMS) == {"auto", "xla", "oneshot_ll"}
+  assert set(jaxll.ALGORITHMS) == {
+      "auto", "xla", "oneshot_ll", "oneshot_sentinel", "twoshot_ll", "twoshot_sentinel",
+      "twoshot_ll128_atomic", "oneshot_barrier", "twoshot_barrier"}
   assert algorithms.kernel_limits("oneshot_ll", np.dtype("int8"), "sum")
-  assert algorithms.kernel_limits("oneshot_ll", np.dtype("bfloat16") if hasattr(np, "bfloat16")
-                                  else np.dtype("float16"), "min") is None
+  assert "op='max'" in algorithms.kernel_limits("twoshot_ll128_atomic", F32, "max")
+  assert "int32" in algorithms.kernel_limits("oneshot_sentinel", np.dtype(np.int32), "sum")
+  codes = sorted(s.code for s in algorithms.SPECS.values() if s.code)
+  assert codes == list(range(1, ext.last_algorithm + 1))
+  # what Python promises is exactly what the native kernel table has
+  for name, spec in algorithms.SPECS.items():
+    if not spec.code:
+      continue
+    for dt, dcode in algorithms.DTYPE_CODES.items():
+      for op, ocode in algorithms.OP_CODES.items():
+        promised = dt in spec.dtypes and op in spec.ops
+        assert ext.has_kernel(spec.code, dcode, ocode) == promised, (name, dt, op)
+  never_auto = {s.name for s in algorithms.SPECS.values() if not s.auto}
+  assert never_auto == {"twoshot_ll128_atomic", "oneshot_barrier", "twoshot_barrier"}
 
 
 def test_reduction_groups_rank_order():
@@ -46,21 +123,49 @@ def test_reduction_groups_rank_order():
   assert lowering.reduction_groups(mesh, ("tp", "dp")) == [[0, 4, 1, 5, 2, 6, 3, 7]]
 
 
-@pytest.mark.parametrize("elem_bytes", [2, 4])
-def test_oneshot_grid_plan(elem_bytes):
-  spb, max_blocks = 1024, 16
-  per_packet = 8 // elem_bytes
-  capacity_elems = spb * max_blocks * per_packet
-  for count in [1, 2, 3, 7, 100, 511, 512 * per_packet, 512 * per_packet + 1, 10_000,
-                capacity_elems - 1]:
-    blocks, threads = ext.plan_oneshot_ll(count, elem_bytes, spb, max_blocks)
-    packets = -(-count // per_packet)
-    assert 1 <= blocks <= max_blocks
-    assert threads % 32 == 0 and 32 <= threads <= 512
-    assert -(-packets // blocks) <= spb  # every block's range fits its scratch region
-  assert ext.plan_oneshot_ll(capacity_elems, elem_bytes, spb, max_blocks)[0] == max_blocks
-  assert ext.plan_oneshot_ll(capacity_elems + per_packet, elem_bytes, spb, max_blocks) == (0, 0)
-  assert ext.plan_oneshot_ll(0, elem_bytes, spb, max_blocks) == (0, 0)
+def _unit_elems(name, elem_bytes):
+  if name == "twoshot_ll128_atomic":
+    return 128 // elem_bytes - 1  # a line minus its counter
+  return (8 if name.endswith("_ll") else 16) // elem_bytes
+
+
+@pytest.mark.parametrize("name", algorithms.KERNELS)
+def test_launch_plan_invariants(name):
+  code = algorithms.SPECS[name].code
+  oneshot = name.startswith("oneshot")
+  unit_bytes = 128 if name == "twoshot_ll128_atomic" else (8 if name.endswith("_ll") else 16)
+  for elem_bytes in (2, 4):
+    for nranks in (1, 2, 3, 8, 16):
+      for region, max_blocks in ((128, 1), (4096, 5), (16384, 64), (2048, 33)):
+        per_region = region // unit_bytes
+        for count in (1, 2, 3, 31, 64, 127, 1000, 4097, 65_539, 1 << 20, (64 << 20) + 3):
+          p = ext.plan_all_reduce(code, count, elem_bytes, nranks, region, max_blocks)
+          units = -(-count // _unit_elems(name, elem_bytes))
+          assert p["units"] == units
+          assert 1 <= p["blocks"] <= max_blocks
+          # no block without units (an idle block would break double buffering)
+          assert (p["blocks"] - 1) * p["span"] < units <= p["blocks"] * p["span"]
+          assert p["round_units"] == per_region * (1 if oneshot else nranks)
+          if not oneshot:  # each owner's chunk of a round fits one region
+            assert -(-min(p["span"], p["round_units"]) // nranks) <= per_region
+          assert p["rounds"] == -(-p["span"] // p["round_units"])
+          assert p["threads"] % 32 == 0 and 32 <= p["threads"] <= 512
+  assert ext.plan_all_reduce(code, 0, 4, 2, 4096, 8)["blocks"] == 0
+
+
+def test_workspace_geometry_areas_do_not_overlap():
+  for n, blocks, region in ((1, 1, 8), (2, 7, 1000), (8, 64, 8192), (16, 33, 16384)):
+    g = ext.geometry(n, blocks, region)
+    r = g["region_bytes"]
+    assert r % 128 == 0 and r >= region
+    ll_end = g["ll_offset"] + 2 * blocks * 2 * n * 2 * r
+    s_end = g["sentinel_offset"] + 2 * blocks * 2 * n * r
+    p_end = g["plain_offset"] + 2 * blocks * n * r
+    a_end = g["atomic_offset"] + blocks * 2 * r
+    assert 4096 + 4 * 64 * 16 <= g["ll_offset"] <= ll_end <= g["sentinel_offset"]
+    assert s_end <= g["plain_offset"] and p_end <= g["atomic_offset"] and a_end <= g["total_bytes"]
+    assert all(g[k] % 4096 == 0 for k in ("ll_offset", "sentinel_offset", "plain_offset",
+                                           "atomic_offset"))
 
 
 def test_error_word_roundtrip():
