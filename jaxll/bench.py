@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                  choices=list(algorithms.ALGORITHMS),
                  help="algorithms to measure (default: all)")
   p.add_argument("--chain", type=int, default=50, help="calls per jitted chain (default 50)")
+  p.add_argument("--jit-max-bytes", type=parse_size, default=parse_size("1M"),
+                 help="virtual mode: time the jitted chain only up to this size (default 1M)")
+  p.add_argument("--no-jit", action="store_true",
+                 help="virtual mode: kernel time only, no jitted chains (for tuning sweeps)")
   p.add_argument("--iters", type=int, default=200, help="calls per CUDA graph (default 200)")
   p.add_argument("--reps", type=int, default=15, help="repetitions per point (default 15)")
   p.add_argument("--quick", action="store_true",
@@ -243,23 +247,26 @@ def bench_virtual(args, n: int, progress) -> list[dict]:
         if kernel == algorithms.XLA:
           rec.update(status="n/a", reason=f"auto picks xla ({why}), which cannot run on "
                                           "virtual ranks")
-        elif count * item > ws.capacity_bytes:
-          rec.update(status="n/a", reason=f"exceeds the workspace capacity "
-                                          f"({ws.capacity_bytes} bytes)")
+        elif algorithms.kernel_limits(kernel, np.dtype(jax.numpy.dtype(dtype)), "sum"):
+          rec.update(status="n/a", reason=algorithms.kernel_limits(
+              kernel, np.dtype(jax.numpy.dtype(dtype)), "sum"))
         else:
+          # Fewer calls per graph for large messages: about 256 MiB moved per graph.
+          iters = max(3, min(args.iters, (256 << 20) // max(1, count * item * n)))
           samples = jt.kernel_time_us(n, count * item, dtype=dtype, algorithm=kernel,
-                                      iters=args.iters, reps=args.reps)
-          x = jax.numpy.asarray(
-              (np.random.default_rng(0).random((n, count)) * 1e-3).astype(jax.numpy.dtype(dtype)))
+                                      iters=iters, reps=args.reps)
+          rec.update(status="ok", kernel_us=statistics.median(samples), kernel_us_samples=samples)
+          if not args.no_jit and count * item <= args.jit_max_bytes:
+            x = jax.numpy.asarray((np.random.default_rng(0).random((n, count)) * 1e-3)
+                                  .astype(jax.numpy.dtype(dtype)))
 
-          @jax.jit
-          def chain(v, kernel=kernel):
-            for _ in range(args.chain):
-              v = jt.virtual_all_reduce(v, algorithm=kernel)
-            return v
+            @jax.jit
+            def chain(v, kernel=kernel):
+              for _ in range(args.chain):
+                v = jt.virtual_all_reduce(v, algorithm=kernel)
+              return v
 
-          rec.update(status="ok", kernel_us=statistics.median(samples), kernel_us_samples=samples,
-                     jit_us=median_per_call_us(chain, x, args.chain, args.reps))
+            rec["jit_us"] = median_per_call_us(chain, x, args.chain, args.reps)
         records.append(rec)
   import jaxll
   jaxll.check_errors()
@@ -327,19 +334,51 @@ def bench_local(args, progress) -> list[dict]:
 
 # --- summary, table, plot -------------------------------------------------------------
 
+BARRIER_BASELINES = {"oneshot_barrier": ("oneshot_ll", "oneshot_sentinel"),
+                     "twoshot_barrier": ("twoshot_ll", "twoshot_sentinel")}
+
+
 def summarize(records: list[dict], sol: dict | None) -> dict:
   """Ratios quoted in the notes, all from this run."""
   out = {}
-  if sol:
-    for r in records:
-      if r["mode"] != "virtual" or r["status"] != "ok" or r["algorithm"] != "oneshot_ll":
-        continue
-      floor = sol.get("graph_node_floor_us", {}).get(str(r["ranks"]))
+  kernel = {(r["mode"], r["ranks"], r["dtype"], r["bytes"], r["algorithm"]): r["kernel_us"]
+            for r in records if r["status"] == "ok" and "kernel_us" in r}
+  for (mode, n, dtype, nbytes, algo), us in sorted(kernel.items()):
+    point = f"{mode} N={n} {dtype} {format_size(nbytes)}"
+    if sol and algo == "oneshot_ll" and mode == "virtual":
+      floor = sol.get("graph_node_floor_us", {}).get(str(n))
       if floor is not None:
-        bound = floor + sol["sol_us"]
-        key = f"virtual N={r['ranks']} {r['dtype']} {format_size(r['bytes'])}"
-        out.setdefault("oneshot_ll_kernel_vs_floor_plus_sol", {})[key] = r["kernel_us"] / bound
+        out.setdefault("oneshot_ll_kernel_vs_floor_plus_sol", {})[point] = us / (floor + sol["sol_us"])
+    if algo in BARRIER_BASELINES and nbytes <= 4096:
+      free = [kernel[(mode, n, dtype, nbytes, a)] for a in BARRIER_BASELINES[algo]
+              if (mode, n, dtype, nbytes, a) in kernel]
+      if free:
+        out.setdefault(f"{algo}_over_best_barrier_free", {})[point] = us / min(free)
   return out
+
+
+def format_pivot(records: list[dict]) -> str:
+  """Kernel time per call, one row per size and one column per algorithm, for
+  each (mode, N, dtype); the last column is what ``auto`` chose."""
+  lines = []
+  panels = sorted({(r["mode"], r["ranks"], r["dtype"]) for r in records
+                   if "kernel_us" in r})
+  for mode, n, dtype in panels:
+    rows = [r for r in records if (r["mode"], r["ranks"], r["dtype"]) == (mode, n, dtype)]
+    algos = [a for a in dict.fromkeys(r["algorithm"] for r in rows) if a != "auto"]
+    lines.append(f"kernel us per call, {mode}, N={n}, {dtype}")
+    head = f"{'size':>10s} " + " ".join(f"{a[:16]:>16s}" for a in algos) + "  auto ->"
+    lines += [head, "-" * len(head)]
+    for nbytes in sorted({r["bytes"] for r in rows}):
+      at = {r["algorithm"]: r for r in rows if r["bytes"] == nbytes}
+      cells = []
+      for a in algos:
+        r = at.get(a)
+        cells.append(f"{r['kernel_us']:16.2f}" if r and "kernel_us" in r else f"{'-':>16s}")
+      auto = at.get("auto", {}).get("auto_choice", "")
+      lines.append(f"{format_size(nbytes):>10s} " + " ".join(cells) + f"  {auto}")
+    lines.append("")
+  return "\n".join(lines)
 
 
 def format_table(records: list[dict], sol: dict | None) -> str:
@@ -355,7 +394,7 @@ def format_table(records: list[dict], sol: dict | None) -> str:
     for pair, v in sol.get("pairs", {}).items():
       lines.append(f"  GPU pair {pair}: ping-pong one way {v['pingpong_one_way_us']:.3f} us, "
                    f"SoL {v['sol_us']:.3f} us")
-  header = f"{'mode':8s} {'N':>2s} {'dtype':9s} {'size':>10s} {'algorithm':11s} " \
+  header = f"{'mode':8s} {'N':>2s} {'dtype':9s} {'size':>10s} {'algorithm':20s} " \
            f"{'kernel us':>10s} {'jit us':>9s} {'psum us':>9s} {'vs psum':>8s}  note"
   lines += [header, "-" * len(header)]
   skipped = {}
@@ -369,7 +408,7 @@ def format_table(records: list[dict], sol: dict | None) -> str:
       return fmt.format(r[key]) if key in r else "-"
     note = f"auto -> {r['auto_choice']}" if "auto_choice" in r else r.get("path", "")
     lines.append(f"{r['mode']:8s} {r['ranks']:>2d} {r['dtype']:9s} {format_size(r['bytes']):>10s} "
-                 f"{r['algorithm']:11s} {num('kernel_us'):>10s} {num('jit_us'):>9s} "
+                 f"{r['algorithm']:20s} {num('kernel_us'):>10s} {num('jit_us'):>9s} "
                  f"{num('psum_jit_us'):>9s} {num('speedup_vs_psum', '{:.2f}x'):>8s}  {note}")
   for (mode, n, algo, reason), sizes in skipped.items():
     lines.append(f"not measured: {mode} N={n} {algo} at {len(sizes)} sizes "
@@ -393,8 +432,9 @@ def plot(records: list[dict], sol: dict | None, path: str) -> None:
       if any("kernel_us" in r for _, r in pts):
         ax.plot(xs, [r.get("kernel_us", math.nan) for _, r in pts], marker="o",
                 label=f"{algo} kernel")
-      ax.plot(xs, [r.get("jit_us", math.nan) for _, r in pts], marker="x", linestyle="--",
-              label=f"{algo} jitted per call")
+      if mode != "virtual" and any("jit_us" in r for _, r in pts):
+        ax.plot(xs, [r.get("jit_us", math.nan) for _, r in pts], marker="x", linestyle="--",
+                label=f"{algo} jitted per call")
     if sol:
       ax.axhline(sol["sol_us"], color="k", linestyle=":", label=f"SoL {sol['sol_us']:.2f} us")
       floor = sol.get("graph_node_floor_us", {}).get(str(n))
@@ -458,6 +498,7 @@ def main(argv=None) -> int:
   print(file=sys.stderr)
   summary = summarize(records, sol)
   print(format_table(records, sol))
+  print(format_pivot(records))
   for name, values in summary.items():
     for key, v in values.items():
       print(f"{name}: {key}: {v:.2f}")
