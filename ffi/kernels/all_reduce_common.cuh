@@ -115,10 +115,12 @@ struct UnitAcc {
 };
 
 // One protocol's view of the scratch of one (phase, block, parity) for a round.
-//   send(owner, slot, v)       store v into rank `owner`'s region from this rank
-//   recv(src, slot, ctx, &v)   wait for and read this rank's region from `src`
-//                              (and make the slot reusable)
-//   prepare(v)                 what a value must become before it is sent
+//   prepare(v)                  what a value must become before it is sent
+//   send(owner, slot, v)        store v into rank `owner`'s region from this rank
+//   probe(src, slot, &v)        one load of this rank's region from `src`; true
+//                               when the value there is this round's
+//   release(src, slot)          make a slot that was read reusable
+//   recv(src, slot, ctx, &v)    wait (bounded) for the value, then release it
 template <Proto P, class T>
 struct Channel;
 
@@ -131,11 +133,12 @@ struct Channel<Proto::kLL, T> {
   __device__ __forceinline__ void send(int owner, int64_t slot, const Unit<8>& u) const {
     ll16_store(ll_region(v, owner, phase, block, parity, v.rank) + slot, u.p[0], flag);
   }
-  __device__ __forceinline__ bool recv(int src, int64_t slot, const WaitContext& ctx,
-                                       Unit<8>* u) const {
-    return ll16_wait(ll_region(v, v.rank, phase, block, parity, src) + slot, flag, ctx,
-                     static_cast<uint32_t>(src), &u->p[0]);
+  __device__ __forceinline__ bool probe(int src, int64_t slot, Unit<8>* u) const {
+    const uint4 q = ll16_load(ll_region(v, v.rank, phase, block, parity, src) + slot);
+    u->p[0] = ll16_payload(q);
+    return ll16_ready(q, flag);
   }
+  __device__ __forceinline__ void release(int, int64_t) const {}
 };
 
 template <class T>
@@ -152,15 +155,14 @@ struct Channel<Proto::kSentinel, T> {
     st_relaxed_v2u64(sentinel_region(v, owner, phase, block, parity, v.rank) + slot * 16, u.p[0],
                      u.p[1]);
   }
-  __device__ __forceinline__ bool recv(int src, int64_t slot, const WaitContext& ctx,
-                                       Unit<16>* u) const {
-    char* p = sentinel_region(v, v.rank, phase, block, parity, src) + slot * 16;
-    const bool ok = bounded_wait(ctx, static_cast<uint32_t>(src), [&] {
-      ld_relaxed_v2u64(p, &u->p[0], &u->p[1]);
-      return !sentinel_present<T>(u->p[0]) && !sentinel_present<T>(u->p[1]);
-    });
-    if (ok) st_relaxed_v2u64(p, kSentinelWord, kSentinelWord);
-    return ok;
+  __device__ __forceinline__ bool probe(int src, int64_t slot, Unit<16>* u) const {
+    ld_relaxed_v2u64(sentinel_region(v, v.rank, phase, block, parity, src) + slot * 16, &u->p[0],
+                     &u->p[1]);
+    return !sentinel_present<T>(u->p[0]) && !sentinel_present<T>(u->p[1]);
+  }
+  __device__ __forceinline__ void release(int src, int64_t slot) const {
+    st_relaxed_v2u64(sentinel_region(v, v.rank, phase, block, parity, src) + slot * 16,
+                     kSentinelWord, kSentinelWord);
   }
 };
 
@@ -173,12 +175,55 @@ struct Channel<Proto::kBarrier, T> {
   __device__ __forceinline__ void send(int owner, int64_t slot, const Unit<16>& u) const {
     st_relaxed_v2u64(plain_region(v, owner, phase, block, v.rank) + slot * 16, u.p[0], u.p[1]);
   }
-  __device__ __forceinline__ bool recv(int src, int64_t slot, const WaitContext&,
-                                       Unit<16>* u) const {
+  __device__ __forceinline__ bool probe(int src, int64_t slot, Unit<16>* u) const {
     ld_relaxed_v2u64(plain_region(v, v.rank, phase, block, src) + slot * 16, &u->p[0], &u->p[1]);
-    return true;
+    return true;  // a barrier already ordered the data before this read
   }
+  __device__ __forceinline__ void release(int, int64_t) const {}
 };
+
+template <Proto P, class T, int W>
+__device__ __forceinline__ bool channel_recv(const Channel<P, T>& ch, int src, int64_t slot,
+                                             const WaitContext& ctx, Unit<W>* u) {
+  const bool ok = bounded_wait(ctx, static_cast<uint32_t>(src), [&] { return ch.probe(src, slot, u); });
+  if (ok) ch.release(src, slot);
+  return ok;
+}
+
+// Folds slot `slot` of every source's region into `acc` in rank order 0..n-1,
+// with `own()` standing in for this rank. Sources are read in batches whose
+// loads are issued together, so the data of a batch costs one memory round
+// trip rather than one per source. False when a wait gave up.
+template <Proto P, class T, class Op, int W, class Own>
+__device__ __forceinline__ bool reduce_sources(const Channel<P, T>& ch, int n, int64_t slot,
+                                               const WaitContext& ctx, Own&& own,
+                                               UnitAcc<T, Op, W>* acc) {
+  constexpr int kBatch = W == 8 ? 4 : 2;  // bounded by register pressure
+  const int rank = ch.v.rank;
+  for (int s0 = 0; s0 < n; s0 += kBatch) {
+    Unit<W> val[kBatch];
+    bool ready[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int src = s0 + j;
+      ready[j] = src < n && src != rank && ch.probe(src, slot, &val[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int src = s0 + j;
+      if (src >= n) break;
+      if (src == rank) {
+        val[j] = own();
+      } else if (ready[j]) {
+        ch.release(src, slot);
+      } else if (!channel_recv<P, T, W>(ch, src, slot, ctx, &val[j])) {
+        return false;
+      }
+      if (src == 0) acc->init(val[j]); else acc->add(val[j]);
+    }
+  }
+  return true;
+}
 
 // LL16 only: when due, rewrites every slot this rank sends to at `parity` (both
 // phases, every peer) with an old flag, so no 32-bit flag ages to alias the

@@ -60,14 +60,10 @@ __global__ void __launch_bounds__(kBlockThreads) oneshot_kernel(AllReduceArgs a)
 
     for (int64_t u = r0 + threadIdx.x; u < r1; u += blockDim.x) {
       UnitAcc<T, Op, W> acc;
-      for (int src = 0; src < n && ok; ++src) {
-        Unit<W> val;
-        if (src == rank) {
-          val = ch.prepare((r == 0 && u == first) ? first_value : load_unit<T, W>(x, u, a.count, vec));
-        } else {
-          ok = ch.recv(src, u - r0, ctx, &val);
-        }
-        if (src == 0) acc.init(val); else acc.add(val);
+      if (ok) {
+        ok = reduce_sources(ch, n, u - r0, ctx, [&] {
+          return ch.prepare((r == 0 && u == first) ? first_value : load_unit<T, W>(x, u, a.count, vec));
+        }, &acc);
       }
       store_unit<T, W>(y, u, a.count, vec, ok ? acc.result() : poison_unit<W>());
     }

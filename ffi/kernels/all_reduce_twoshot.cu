@@ -63,11 +63,7 @@ __global__ void __launch_bounds__(kBlockThreads) twoshot_kernel(AllReduceArgs a)
     for (int64_t t = threadIdx.x; t < c; t += blockDim.x) {
       const int64_t u = r0 + rank * c + t;
       UnitAcc<T, Op, W> acc;
-      for (int src = 0; src < n && ok; ++src) {
-        Unit<W> val;
-        if (src == rank) val = load(u); else ok = rs.recv(src, t, ctx, &val);
-        if (src == 0) acc.init(val); else acc.add(val);
-      }
+      if (ok) ok = reduce_sources(rs, n, t, ctx, [&] { return load(u); }, &acc);
       const Unit<W> res = ok ? ag.prepare(acc.result()) : poison_unit<W>();
       if (ok)
         for (int k = 1; k < n; ++k) ag.send(rank + k < n ? rank + k : rank + k - n, t, res);
@@ -82,7 +78,7 @@ __global__ void __launch_bounds__(kBlockThreads) twoshot_kernel(AllReduceArgs a)
       const int owner = rank + k < n ? rank + k : rank + k - n;
       const int64_t u = r0 + owner * c + t;
       Unit<W> val;
-      if (ok) ok = ag.recv(owner, t, ctx, &val);
+      if (ok) ok = channel_recv<P, T, W>(ag, owner, t, ctx, &val);
       if (u < r1) store_unit<T, W>(y, u, a.count, vec, ok ? val : poison_unit<W>());
     }
     if (r + 1 < share.rounds && round_boundary(ok)) {
