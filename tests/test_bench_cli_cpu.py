@@ -97,6 +97,55 @@ def test_summary_ratio():
   assert ratio == pytest.approx(2.5 / (1.1 + 0.367))
 
 
+def _sweep():
+  out = []
+  for nbytes, times in ((8, {"oneshot_ll": 3.0, "twoshot_sentinel": 6.0, "oneshot_barrier": 6.0,
+                             "twoshot_barrier": 9.0, "twoshot_ll128_atomic": 1.0}),
+                        (64, {"oneshot_ll": 3.5, "twoshot_sentinel": 6.5}),
+                        (1 << 20, {"oneshot_ll": 90.0, "twoshot_sentinel": 40.0})):
+    for algo, us in times.items():
+      out.append({"mode": "virtual", "ranks": 8, "dtype": "float32", "bytes": nbytes,
+                  "algorithm": algo, "status": "ok", "kernel_us": us})
+    out.append({"mode": "virtual", "ranks": 8, "dtype": "float32", "bytes": nbytes,
+                "algorithm": "auto", "auto_choice": "oneshot_ll", "status": "ok",
+                "kernel_us": times["oneshot_ll"]})
+  return out
+
+
+def test_pivot_and_barrier_ratio():
+  text = bench.format_pivot(_sweep())
+  lines = text.splitlines()
+  assert lines[0] == "kernel us per call, virtual, N=8, float32"
+  assert "oneshot_ll" in lines[1] and "twoshot_sentinel" in lines[1] and "auto" not in lines[1].split()[1:-2]
+  row = next(l for l in lines if l.strip().startswith("8 B"))
+  assert "3.00" in row and "6.00" in row and row.endswith("oneshot_ll")
+  summary = bench.summarize(_sweep(), None)
+  assert summary["oneshot_barrier_over_best_barrier_free"]["virtual N=8 float32 8 B"] == 2.0
+  assert summary["twoshot_barrier_over_best_barrier_free"]["virtual N=8 float32 8 B"] == 1.5
+  assert "virtual N=8 float32 1 MiB" not in summary["oneshot_barrier_over_best_barrier_free"]
+
+
+def test_tune_auto_builds_a_valid_table(tmp_path):
+  import os
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+  try:
+    import tune_auto
+  finally:
+    sys.path.pop(0)
+  from jaxll import algorithms
+  table = tune_auto.build_table(_sweep(), {"default": 1 << 20}, "test sweep")
+  rows = table["tables"]["8"]["float32"]
+  # atomic and barrier kernels are never candidates; equal rankings merge
+  assert rows == [[8192, ["oneshot_ll", "twoshot_sentinel"]],
+                  [1 << 62, ["twoshot_sentinel", "oneshot_ll"]]]
+  algorithms.set_auto_table(table)
+  try:
+    assert algorithms.choose_auto(8, 100, __import__("numpy").dtype("float32"), "sum")[0] == "oneshot_ll"
+    assert algorithms.choose_auto(8, 1 << 20, __import__("numpy").dtype("float32"), "sum")[0] == "twoshot_sentinel"
+  finally:
+    algorithms.set_auto_table(None)
+
+
 def test_plot_writes_png(tmp_path):
   pytest.importorskip("matplotlib")
   out = tmp_path / "p.png"
