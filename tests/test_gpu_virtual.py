@@ -103,6 +103,18 @@ def test_large_messages_checked_on_device(algorithm):
       assert res["error"] == "" and res["mismatches"] == 0, (n, _name(dtype), res)
 
 
+@pytest.mark.parametrize("algorithm", KERNELS)
+def test_256_megabyte_messages(algorithm):
+  """256 MB per rank plus an odd tail (hundreds of rounds), N = 2 and 8, checked
+  element by element on the device."""
+  for n in (2, 8):
+    for dtype in (np.float32, jnp.bfloat16):
+      item = np.dtype(dtype).itemsize
+      res = jt.stress(n, [(256 << 20) // item + 5], dtype=_name(dtype), algorithm=algorithm,
+                      seed=n, max_delay_us=0)
+      assert res["error"] == "" and res["mismatches"] == 0, (n, _name(dtype), res)
+
+
 @pytest.mark.parametrize("algorithm,dtype", _cases(WITH_MAX_MIN, DTYPES, "max"),
                          ids=lambda v: v if isinstance(v, str) else _name(v))
 @pytest.mark.parametrize("op", ["max", "min"])
