@@ -81,7 +81,7 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer
                           "(jax.clear_caches()) so it is lowered anew");
   }
   Rank* r = c->rank_for_ordinal(ordinal);
-  if (r == nullptr) {
+  if (r == nullptr || !c->connected()) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jaxll: CUDA device " + std::to_string(ordinal) +
                           " is not a member of workspace " + std::to_string(comm_id));

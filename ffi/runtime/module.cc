@@ -5,6 +5,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
+#include <nanobind/stl/string.h>
 
 #include <cuda_runtime.h>
 
@@ -80,14 +81,35 @@ NB_MODULE(_jaxll, m) {
   }, "a"_a, "b"_a);
 
   m.def("create_comm", [](const std::vector<std::vector<int>>& groups, bool virtual_ranks,
-                          size_t scratch_bytes, uint64_t timeout_ms) {
+                          size_t scratch_bytes, uint64_t timeout_ms, int max_blocks) {
     WorkspaceConfig cfg;
     cfg.scratch_bytes = scratch_bytes;
     cfg.timeout_ms = timeout_ms;
     nb::gil_scoped_release release;
-    return comm_create(groups, virtual_ranks, cfg);
-  }, "groups"_a, "virtual_ranks"_a, "scratch_bytes"_a, "timeout_ms"_a,
-        "Builds a workspace over groups of CUDA ordinals; returns its id.");
+    return comm_create(groups, virtual_ranks, cfg, max_blocks);
+  }, "groups"_a, "virtual_ranks"_a, "scratch_bytes"_a, "timeout_ms"_a, "max_blocks"_a = 0,
+        "Builds a workspace over groups of CUDA ordinals (-1: a rank in another process, "
+        "then max_blocks must be the bound every process agreed on); returns its id.");
+  m.def("comm_ipc_handles", [](int64_t id) {
+    std::vector<nb::bytes> out;
+    for (const std::string& h : get_comm(id).ipc_handles()) out.emplace_back(h.data(), h.size());
+    return out;
+  }, "id"_a, "CUDA IPC handles of the local ranks' memory, in (group, rank) order.");
+  m.def("comm_connect", [](int64_t id, const std::vector<std::vector<nb::bytes>>& handles) {
+    std::vector<std::vector<std::string>> hs;
+    for (const auto& g : handles) {
+      hs.emplace_back();
+      for (const auto& h : g) hs.back().emplace_back(h.c_str(), h.size());
+    }
+    Comm& c = get_comm(id);
+    nb::gil_scoped_release release;
+    c.connect(hs);
+  }, "id"_a, "handles"_a, "Maps the other processes' memory (handles[g][r], b'' for local ranks).");
+  m.def("device_block_bound", [](int ordinal) {
+    nb::gil_scoped_release release;
+    return device_block_bound(ordinal);
+  }, "ordinal"_a, "Most co-resident blocks of jaxll's kernels on a device.");
+  m.def("device_uuid", &device_uuid, "ordinal"_a);
 
   m.def("comm_info", [](int64_t id) {
     Comm& c = get_comm(id);
@@ -105,7 +127,8 @@ NB_MODULE(_jaxll, m) {
     nb::list groups;
     for (int g = 0; g < c.group_count(); ++g) {
       nb::list members;
-      for (int r = 0; r < c.group_size(); ++r) members.append(c.rank(g, r).ordinal);
+      for (int r = 0; r < c.group_size(); ++r)
+        members.append(c.has_rank(g, r) ? c.rank(g, r).ordinal : -1);
       groups.append(members);
     }
     d["groups"] = groups;
@@ -117,6 +140,7 @@ NB_MODULE(_jaxll, m) {
     nb::list out;
     for (int g = 0; g < c.group_count(); ++g) {
       for (int r = 0; r < c.group_size(); ++r) {
+        if (!c.has_rank(g, r)) continue;
         const Rank& rk = c.rank(g, r);
         if (uint64_t w = c.error_word(rk)) {
           out.append(nb::make_tuple(g, r, rk.ordinal, w, c.describe_error(rk, w)));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <atomic>
 #include <mutex>
 #include <cstdio>
@@ -57,8 +58,31 @@ int min_blocks_per_sm() {
 
 }  // namespace
 
+int device_block_bound(int ordinal) {
+  DeviceGuard guard(ordinal);
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal),
+             "querying the multiprocessor count");
+  load_all_kernels();
+  return sms * min_blocks_per_sm();
+}
+
+std::string device_uuid(int ordinal) {
+  cudaDeviceProp prop;
+  check_cuda(cudaGetDeviceProperties(&prop, ordinal), "querying device properties");
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (int i = 0; i < 16; ++i) {
+    const unsigned char b = static_cast<unsigned char>(prop.uuid.bytes[i]);
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
+
 std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& groups,
-                                   bool virtual_ranks, const WorkspaceConfig& config) {
+                                   bool virtual_ranks, const WorkspaceConfig& config,
+                                   int max_blocks_agreed) {
   if (groups.empty()) throw std::runtime_error("a workspace needs at least one group");
   const size_t n = groups[0].size();
   for (const auto& g : groups) {
@@ -71,6 +95,9 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
   if (config.scratch_bytes < static_cast<size_t>(kLLPayloadBytes)) {
     throw std::runtime_error("scratch_bytes must be at least 8");
   }
+  bool remote = false;
+  for (const auto& g : groups)
+    for (int o : g) remote = remote || o < 0;
   if (virtual_ranks) {
     if (groups.size() != 1) throw std::runtime_error("virtual ranks take exactly one group");
     for (int o : groups[0]) {
@@ -78,18 +105,24 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
     }
   } else {
     std::vector<int> all;
-    for (const auto& g : groups) all.insert(all.end(), g.begin(), g.end());
+    for (const auto& g : groups)
+      for (int o : g)
+        if (o >= 0) all.push_back(o);
     std::sort(all.begin(), all.end());
     if (std::adjacent_find(all.begin(), all.end()) != all.end()) {
       throw std::runtime_error("a device appears twice in the groups of one workspace");
     }
+  }
+  if (remote && max_blocks_agreed <= 0) {
+    throw std::runtime_error("a workspace with ranks in other processes needs the grid bound "
+                             "agreed by every process");
   }
 
   int device_count = 0;
   check_cuda(cudaGetDeviceCount(&device_count), "counting CUDA devices");
   for (const auto& g : groups) {
     for (int o : g) {
-      if (o < 0 || o >= device_count) {
+      if (o >= device_count || (o < 0 && virtual_ranks)) {
         throw std::runtime_error("CUDA device " + std::to_string(o) + " does not exist (" +
                                  std::to_string(device_count) + " visible)");
       }
@@ -102,12 +135,12 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
   c->virtual_ranks_ = virtual_ranks;
   c->config_ = config;
   try {
-    // Peer access inside every group (real ranks only).
+    // Peer access between the members of a group that live in this process.
     if (!virtual_ranks) {
       for (const auto& g : groups) {
         for (int a : g) {
           for (int b : g) {
-            if (a == b) continue;
+            if (a == b || a < 0 || b < 0) continue;
             int ok = 0;
             check_cuda(cudaDeviceCanAccessPeer(&ok, a, b), "querying peer access");
             if (!ok) {
@@ -127,37 +160,37 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
       }
     }
 
-    // Load every kernel on every device and bound the grid so that all blocks of
-    // all ranks sharing a device are co-resident.
+    // Load every kernel on every local device and bound the grid so that all
+    // blocks of all ranks sharing a device are co-resident. With ranks in other
+    // processes the bound is agreed beforehand (see jaxll/workspace.py).
     const int ranks_per_device = virtual_ranks ? static_cast<int>(n) : 1;
     int max_blocks = kMaxBlocks;
     std::vector<int> seen;
     for (const auto& g : groups) {
       for (int o : g) {
-        if (std::find(seen.begin(), seen.end(), o) != seen.end()) continue;
+        if (o < 0 || std::find(seen.begin(), seen.end(), o) != seen.end()) continue;
         seen.push_back(o);
-        check_cuda(cudaSetDevice(o), "selecting a device");
-        int sms = 0;
-        check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o),
-                   "querying the multiprocessor count");
-        load_all_kernels();
-        const int resident = sms * min_blocks_per_sm() / ranks_per_device;
-        max_blocks = std::min(max_blocks, resident);
+        max_blocks = std::min(max_blocks, device_block_bound(o) / ranks_per_device);
       }
     }
+    if (max_blocks_agreed > 0) max_blocks = std::min(max_blocks_agreed, kMaxBlocks);
     if (max_blocks < 1) {
       throw std::runtime_error("the device cannot hold one block per rank for " +
-                               std::to_string(n) + " virtual ranks");
+                               std::to_string(n) + " ranks");
     }
     c->max_blocks_ = max_blocks;
     const size_t region = (config.scratch_bytes + max_blocks - 1) / max_blocks;
     if (region > 0x7FFFFFFFull) throw std::runtime_error("scratch_bytes is too large");
     c->geo_ = make_geometry(static_cast<int>(n), max_blocks, region);
 
-    // Allocate and clear every rank's workspace.
+    // Allocate and clear every local rank's workspace.
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       c->groups_.emplace_back();
       for (size_t r = 0; r < n; ++r) {
+        if (groups[gi][r] < 0) {
+          c->groups_.back().push_back(nullptr);
+          continue;
+        }
         auto rk = std::make_unique<Rank>();
         rk->group = static_cast<int>(gi);
         rk->rank = static_cast<int>(r);
@@ -177,6 +210,20 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
           check_cuda(cudaEventCreateWithFlags(&rk->done, cudaEventDisableTiming),
                      "creating an event");
         }
+        // Everything starts zero (flags, LL16 slots, atomic lines) except the
+        // sentinel scratch, which starts poisoned. Done before any handle to
+        // this memory leaves the process.
+        const ScratchGeometry& geo = c->geo_;
+        cudaStream_t s;
+        check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "creating a stream");
+        cudaError_t e = cudaMemsetAsync(rk->base, 0, geo.total_bytes, s);
+        if (e == cudaSuccess) {
+          e = cudaMemsetAsync(static_cast<char*>(rk->base) + geo.sentinel_offset, kSentinelByte,
+                              geo.plain_offset - geo.sentinel_offset, s);
+        }
+        if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+        cudaStreamDestroy(s);
+        check_cuda(e, "clearing the workspace of " + where(*rk));
         c->groups_.back().push_back(std::move(rk));
       }
     }
@@ -185,46 +232,7 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
       check_cuda(cudaEventCreateWithFlags(&c->fork_, cudaEventDisableTiming),
                  "creating an event");
     }
-
-    // Fill the views and the device-resident peer tables; clear the memory.
-    for (auto& g : c->groups_) {
-      PeerTable table{};
-      for (size_t r = 0; r < n; ++r) table.base[r] = static_cast<char*>(g[r]->base);
-      for (auto& rk : g) {
-        RankView& v = rk->view;
-        v.header = static_cast<WorkspaceHeader*>(rk->base);
-        unsigned long long* dev_err = nullptr;
-        check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev_err), rk->host_error, 0),
-                   "mapping the host error word");
-        v.host_error = dev_err;
-        v.peers = table;
-        v.rank = rk->rank;
-        v.nranks = static_cast<int>(n);
-        v.geo = c->geo_;
-        v.max_blocks = c->max_blocks_;
-        v.timeout_ns = config.timeout_ms * 1000000ull;
-
-        check_cuda(cudaSetDevice(rk->ordinal), "selecting a device");
-        cudaStream_t s;
-        check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "creating a stream");
-        WorkspaceHeader header{};
-        for (size_t r = 0; r < n; ++r) header.peer_bases[r] = g[r]->base;
-        // Everything starts zero (flags, LL16 slots, atomic lines) except the
-        // sentinel scratch, which starts poisoned.
-        const ScratchGeometry& geo = c->geo_;
-        cudaError_t e = cudaMemsetAsync(rk->base, 0, geo.total_bytes, s);
-        if (e == cudaSuccess) {
-          e = cudaMemsetAsync(static_cast<char*>(rk->base) + geo.sentinel_offset, kSentinelByte,
-                              geo.plain_offset - geo.sentinel_offset, s);
-        }
-        if (e == cudaSuccess) {
-          e = cudaMemcpyAsync(rk->base, &header, sizeof(header), cudaMemcpyHostToDevice, s);
-        }
-        if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-        cudaStreamDestroy(s);
-        check_cuda(e, "clearing the workspace of " + where(*rk));
-      }
-    }
+    if (!remote) c->connect({});
   } catch (...) {
     c->release();
     throw;
@@ -232,11 +240,76 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
   return c;
 }
 
+std::vector<std::string> Comm::ipc_handles() const {
+  std::vector<std::string> out;
+  DeviceGuard guard;
+  for (const auto& g : groups_) {
+    for (const auto& r : g) {
+      if (!r) continue;
+      check_cuda(cudaSetDevice(r->ordinal), "selecting a device");
+      cudaIpcMemHandle_t h;
+      check_cuda(cudaIpcGetMemHandle(&h, r->base), "exporting a CUDA IPC handle of " + where(*r));
+      out.emplace_back(reinterpret_cast<const char*>(&h), sizeof(h));
+    }
+  }
+  return out;
+}
+
+void Comm::connect(const std::vector<std::vector<std::string>>& handles) {
+  if (connected_) throw std::runtime_error("workspace already connected");
+  DeviceGuard guard;
+  const size_t n = static_cast<size_t>(group_size());
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    auto& g = groups_[gi];
+    for (auto& rk : g) {
+      if (!rk) continue;
+      check_cuda(cudaSetDevice(rk->ordinal), "selecting a device");
+      PeerTable table{};
+      WorkspaceHeader header{};
+      for (size_t p = 0; p < n; ++p) {
+        if (g[p]) {
+          table.base[p] = static_cast<char*>(g[p]->base);
+        } else {
+          if (gi >= handles.size() || p >= handles[gi].size() ||
+              handles[gi][p].size() != sizeof(cudaIpcMemHandle_t)) {
+            throw std::runtime_error("no CUDA IPC handle for group " + std::to_string(gi) +
+                                     " rank " + std::to_string(p));
+          }
+          cudaIpcMemHandle_t h;
+          std::memcpy(&h, handles[gi][p].data(), sizeof(h));
+          void* ptr = nullptr;
+          check_cuda(cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess),
+                     "opening the CUDA IPC handle of group " + std::to_string(gi) + " rank " +
+                         std::to_string(p) + " on " + where(*rk));
+          opened_.push_back({rk->ordinal, ptr});
+          table.base[p] = static_cast<char*>(ptr);
+        }
+        header.peer_bases[p] = table.base[p];
+      }
+      RankView& v = rk->view;
+      v.header = static_cast<WorkspaceHeader*>(rk->base);
+      unsigned long long* dev_err = nullptr;
+      check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev_err), rk->host_error, 0),
+                 "mapping the host error word");
+      v.host_error = dev_err;
+      v.peers = table;
+      v.geo = geo_;
+      v.rank = rk->rank;
+      v.nranks = static_cast<int>(n);
+      v.max_blocks = max_blocks_;
+      v.timeout_ns = config_.timeout_ms * 1000000ull;
+      check_cuda(cudaMemcpy(rk->base, &header, sizeof(header), cudaMemcpyHostToDevice),
+                 "writing the header of " + where(*rk));
+    }
+  }
+  connected_ = true;
+}
+
 Rank* Comm::rank_for_ordinal(int ordinal) const {
   if (virtual_ranks_) return nullptr;
   for (const auto& g : groups_) {
     for (const auto& r : g) {
-      if (r->ordinal == ordinal) return r.get();
+      if (r && r->ordinal == ordinal) return r.get();
     }
   }
   return nullptr;
@@ -257,6 +330,7 @@ void Comm::set_epochs(uint64_t epoch, uint64_t refreshed) {
   std::vector<uint32_t> flags(kMaxBlocks * kMaxRanks, static_cast<uint32_t>(epoch * 4 + 3));
   for (auto& g : groups_) {
     for (auto& r : g) {
+      if (!r) continue;
       check_cuda(cudaSetDevice(r->ordinal), "selecting a device");
       check_cuda(cudaDeviceSynchronize(), "waiting for the device");
       char* base = static_cast<char*>(r->base);
@@ -302,6 +376,20 @@ void Comm::release() {
   DeviceGuard guard;
   for (auto& g : groups_) {
     for (auto& r : g) {
+      if (r) {
+        cudaSetDevice(r->ordinal);
+        cudaDeviceSynchronize();
+      }
+    }
+  }
+  for (const auto& [ordinal, ptr] : opened_) {
+    cudaSetDevice(ordinal);
+    cudaIpcCloseMemHandle(ptr);
+  }
+  opened_.clear();
+  for (auto& g : groups_) {
+    for (auto& r : g) {
+      if (!r) continue;
       cudaSetDevice(r->ordinal);
       if (r->stream) cudaStreamSynchronize(r->stream);
       cudaDeviceSynchronize();
@@ -334,11 +422,11 @@ int g_next_id = 1;
 }  // namespace
 
 int comm_create(const std::vector<std::vector<int>>& groups, bool virtual_ranks,
-                const WorkspaceConfig& config) {
+                const WorkspaceConfig& config, int max_blocks_agreed) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_next_id >= kMaxComms) throw std::runtime_error("too many jaxll workspaces created");
   const int id = g_next_id;
-  std::unique_ptr<Comm> c = Comm::Create(id, groups, virtual_ranks, config);
+  std::unique_ptr<Comm> c = Comm::Create(id, groups, virtual_ranks, config, max_blocks_agreed);
   ++g_next_id;
   g_comms[id].store(c.release(), std::memory_order_release);
   return id;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "jaxll/rank_view.h"
@@ -36,13 +37,25 @@ struct Rank {
 
 class Comm {
  public:
-  // Builds the workspace: allocates and clears every rank's memory, makes peers
-  // reachable, loads every kernel on every device. Throws std::runtime_error
-  // with a readable message on failure (nothing is left allocated).
-  // groups[g] lists the CUDA ordinals of group g in rank order. With
+  // Builds the workspace: allocates and clears the memory of every rank in this
+  // process, makes local peers reachable, loads every kernel on every local
+  // device. Throws std::runtime_error with a readable message on failure
+  // (nothing is left allocated). groups[g] lists the CUDA ordinals of group g in
+  // rank order, -1 for a rank that lives in another process. With
   // `virtual_ranks`, there is one group and all its ranks are on one device.
+  // Without remote ranks the workspace is ready; with them, `max_blocks_agreed`
+  // (the grid bound every process agreed on) is required, and the workspace is
+  // ready once connect() has mapped the other processes' memory.
   static std::unique_ptr<Comm> Create(int id, const std::vector<std::vector<int>>& groups,
-                                      bool virtual_ranks, const WorkspaceConfig& config);
+                                      bool virtual_ranks, const WorkspaceConfig& config,
+                                      int max_blocks_agreed = 0);
+  // CUDA IPC handles (64 bytes each) of the local ranks' memory, in (group, rank) order.
+  std::vector<std::string> ipc_handles() const;
+  // Opens the other processes' handles (handles[g][r], empty for local ranks)
+  // and fills every local rank's peer table.
+  void connect(const std::vector<std::vector<std::string>>& handles);
+  bool connected() const { return connected_; }
+  bool has_rank(int group, int r) const { return groups_[group][r] != nullptr; }
   ~Comm();
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
@@ -84,13 +97,21 @@ class Comm {
   std::vector<std::vector<std::unique_ptr<Rank>>> groups_;
   ScratchGeometry geo_;
   int max_blocks_ = 0;
+  bool connected_ = false;
+  std::vector<std::pair<int, void*>> opened_;  // (ordinal, pointer) of opened IPC handles
   cudaEvent_t fork_ = nullptr;
 };
+
+// SMs times the lowest occupancy of jaxll's kernels on CUDA device `ordinal`
+// (loads every kernel there): the most blocks that can be co-resident.
+int device_block_bound(int ordinal);
+// The device's UUID as 32 hex digits (tells processes that share a GPU apart).
+std::string device_uuid(int ordinal);
 
 // The registry. Lookups are lock-free (safe from XLA's execution threads);
 // create and free take a lock. Ids are never reused within a process.
 int comm_create(const std::vector<std::vector<int>>& groups, bool virtual_ranks,
-                const WorkspaceConfig& config);
+                const WorkspaceConfig& config, int max_blocks_agreed = 0);
 Comm* comm_lookup(int64_t id);
 // Waits for the comm's devices to go idle, then frees it. False if unknown.
 bool comm_free(int64_t id);
