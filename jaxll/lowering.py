@@ -18,7 +18,7 @@ from jax._src.interpreters import mlir
 from jax._src.lax import parallel
 from jax._src.lib.mlir import ir
 
-from jaxll import algorithms, call_sites, workspace
+from jaxll import algorithms, call_sites, distributed, workspace
 from jaxll._ext import ext
 
 
@@ -119,17 +119,21 @@ def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
   if n > ext.max_ranks:
     return xla(f"group of {n} devices exceeds the kernels' limit of {ext.max_ranks}", n)
   me = jax.process_index()
-  if any(d.process_index != me for g in groups for d in g):
-    return xla("a reduction group spans processes (multi-process support is not "
-               "built yet)", n)
   if any(d.platform != "gpu" for g in groups for d in g):
     return xla("mesh devices are not CUDA GPUs", n)
-  problem = _peers_reachable(groups)
-  if problem:
-    return xla(problem, n)
-
-  ws = workspace.get_workspace([[d.local_hardware_id for d in g] for g in groups],
-                               [[d.id for d in g] for g in groups])
+  if any(d.process_index != me for g in groups for d in g):
+    # Peer access and IPC mapping are checked while building, and every
+    # process learns every other's outcome, so all decide alike.
+    try:
+      ws = workspace.get_distributed_workspace(groups)
+    except distributed.DistributedSetupError as e:
+      return xla(str(e), n)
+  else:
+    problem = _peers_reachable(groups)
+    if problem:
+      return xla(problem, n)
+    ws = workspace.get_workspace([[d.local_hardware_id for d in g] for g in groups],
+                                 [[d.id for d in g] for g in groups])
   return Decision(name, reason, ws.id, n)
 
 

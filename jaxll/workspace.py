@@ -100,6 +100,7 @@ class Workspace:
   region_bytes: int     # scratch per (block, parity, source) region
   bytes_per_rank: int   # device memory each rank holds
   max_blocks: int       # grid bound that keeps every block co-resident
+  distributed: bool = False  # some ranks live in other processes (CUDA IPC)
 
 
 _lock = threading.Lock()
@@ -119,12 +120,37 @@ def get_workspace(ordinals: Sequence[Sequence[int]], device_ids: Sequence[Sequen
     if ws is None:
       comm = ext.create_comm([list(g) for g in ordinals], virtual,
                              int(config.scratch_bytes), int(config.timeout_ms))
-      info = ext.comm_info(comm)
-      ws = Workspace(id=comm, virtual=virtual, device_ids=device_ids, ordinals=ordinals,
-                     config=config, round_bytes=int(info["round_bytes"]),
-                     region_bytes=int(info["region_bytes"]),
-                     bytes_per_rank=int(info["bytes_per_rank"]),
-                     max_blocks=int(info["max_blocks"]))
+      ws = _describe(comm, virtual, device_ids, ordinals, config)
+      _registry[key] = ws
+    return ws
+
+
+def _describe(comm, virtual, device_ids, ordinals, config, distributed=False) -> Workspace:
+  info = ext.comm_info(comm)
+  return Workspace(id=comm, virtual=virtual, device_ids=device_ids, ordinals=ordinals,
+                   config=config, round_bytes=int(info["round_bytes"]),
+                   region_bytes=int(info["region_bytes"]),
+                   bytes_per_rank=int(info["bytes_per_rank"]),
+                   max_blocks=int(info["max_blocks"]), distributed=distributed)
+
+
+def get_distributed_workspace(groups, *, config: WorkspaceConfig | None = None) -> Workspace:
+  """The workspace for groups of jax Devices some of which belong to other
+  processes (see jaxll/distributed.py), building it on first use. Every process
+  must ask for it at the same point of the same program. Raises
+  ``jaxll.distributed.DistributedSetupError`` (the same in every process) when
+  it cannot be built."""
+  import jax
+  from jaxll import distributed
+  config = config or _config
+  me = jax.process_index()
+  device_ids = tuple(tuple(int(d.id) for d in g) for g in groups)
+  key = ("distributed", device_ids, config)
+  with _lock:
+    ws = _registry.get(key)
+    if ws is None:
+      comm, ordinals = distributed.build(groups, me, config)
+      ws = _describe(comm, False, device_ids, ordinals, config, distributed=True)
       _registry[key] = ws
     return ws
 

@@ -1,0 +1,147 @@
+"""Workspaces whose groups span processes (``jax.distributed``).
+
+Each process allocates and clears the memory of its own ranks, exports a CUDA
+IPC handle for it, and publishes it in JAX's distributed key-value store; every
+process then opens the handles of the ranks of its groups that live elsewhere.
+No launcher, no MPI: the store that ``jax.distributed.initialize`` set up is
+the only channel. The steps, every process in the same order:
+
+1. facts: for each local rank, its host name, GPU UUID and how many blocks of
+   jaxll's kernels the GPU holds at once;
+2. agreement: groups that span hosts are refused (XLA serves them); the grid
+   bound is the smallest per-GPU bound divided by the number of ranks that share
+   that GPU (N processes on one GPU must all be resident together);
+3. build: enable peer access between local ranks, allocate and clear
+   (sentinel scratch poisoned); the memory is ready before any peer can learn
+   its address;
+4. connect: export, publish and open the IPC handles.
+After steps 3 and 4 every process publishes whether it succeeded, and all of
+them give up together if one failed, so every process makes the same lowering
+decision (XLA's all-reduce then serves the call).
+
+Every process must lower the same programs in the same order (as SPMD JAX
+programs do): the keys are numbered per workspace key and process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+
+from jaxll._ext import ext
+
+SETUP_TIMEOUT_MS = int(os.environ.get("JAXLL_SETUP_TIMEOUT_MS", "300000"))
+
+
+class DistributedSetupError(RuntimeError):
+  """A workspace spanning processes could not be built; the reason is the same
+  in every process."""
+
+
+_generation: dict[str, int] = {}
+
+
+def _client():
+  try:
+    from jax._src import distributed
+  except ImportError:  # pragma: no cover
+    return None
+  return distributed.global_state.client
+
+
+def _prefix(device_ids, config) -> str:
+  digest = hashlib.sha1(repr((device_ids, config)).encode()).hexdigest()[:16]
+  gen = _generation.get(digest, 0)
+  _generation[digest] = gen + 1
+  return f"jaxll/ws/{digest}/{gen}"
+
+
+def agree_max_blocks(members: list[dict]) -> int:
+  """The grid bound for a workspace whose ranks have these facts (dicts with
+  "uuid" and "bound"): all ranks that share a GPU must be resident at once."""
+  per_gpu: dict[str, int] = {}
+  for m in members:
+    per_gpu[m["uuid"]] = per_gpu.get(m["uuid"], 0) + 1
+  return min(int(m["bound"]) // per_gpu[m["uuid"]] for m in members)
+
+
+def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
+  """Builds the comm for `groups` (lists of jax Devices, some in other
+  processes) in process `me`. Returns (comm id, ordinals with -1 for remote
+  ranks). Raises DistributedSetupError with a reason shared by all processes."""
+  client = _client()
+  if client is None:
+    raise DistributedSetupError("a reduction group spans processes but jax.distributed is "
+                                "not initialized")
+  device_ids = tuple(tuple(d.id for d in g) for g in groups)
+  prefix = _prefix(device_ids, config)
+  timeout = SETUP_TIMEOUT_MS
+  ordinals = tuple(tuple(d.local_hardware_id if d.process_index == me else -1 for d in g)
+                   for g in groups)
+  local = [d for g in groups for d in g if d.process_index == me]
+
+  # 1. facts
+  host = socket.gethostname()
+  for d in local:
+    o = d.local_hardware_id
+    client.key_value_set(f"{prefix}/info/{d.id}", json.dumps(
+        {"host": host, "uuid": ext.device_uuid(o), "bound": ext.device_block_bound(o)}))
+  facts = {d.id: json.loads(client.blocking_key_value_get(f"{prefix}/info/{d.id}", timeout))
+           for g in groups for d in g}
+
+  # 2. agreement (every process computes the same from the same facts)
+  for g in groups:
+    hosts = sorted({facts[d.id]["host"] for d in g})
+    if len(hosts) > 1:
+      raise DistributedSetupError(f"a reduction group spans hosts ({', '.join(hosts)}); "
+                                  "jaxll's kernels serve one host")
+  max_blocks = agree_max_blocks([facts[d.id] for g in groups for d in g])
+  if max_blocks < 1:
+    raise DistributedSetupError("the GPUs cannot hold one block per rank for every rank "
+                                "that shares them")
+
+  # 3. build (local peer access, allocation, clearing), agree that everybody did
+  processes = sorted({d.process_index for g in groups for d in g})
+
+  def agree(step: str, status: str) -> None:
+    client.key_value_set(f"{prefix}/{step}/{me}", status)
+    failures = [s for s in (client.blocking_key_value_get(f"{prefix}/{step}/{p}", timeout)
+                            for p in processes) if s != "ok"]
+    if failures:
+      raise DistributedSetupError(f"{step} failed: " + "; ".join(failures))
+
+  comm = None
+  try:
+    comm = ext.create_comm([list(g) for g in ordinals], False, int(config.scratch_bytes),
+                           int(config.timeout_ms), max_blocks)
+    status = "ok"
+  except Exception as e:  # reported to every process
+    status = f"process {me}: {e}"
+  try:
+    agree("build", status)
+    # 4. publish handles, map the peers', agree that everybody could. A process
+    # that cannot export publishes empty handles, so nobody waits for it.
+    status = "ok"
+    try:
+      exported = ext.comm_ipc_handles(comm)
+    except Exception as e:  # reported to every process
+      exported = [b""] * len(local)
+      status = f"process {me}: {e}"
+    for d, handle in zip(local, exported):
+      client.key_value_set_bytes(f"{prefix}/ipc/{d.id}", handle)
+    try:
+      handles = [[b"" if d.process_index == me else
+                  client.blocking_key_value_get_bytes(f"{prefix}/ipc/{d.id}", timeout)
+                  for d in g] for g in groups]
+      if status == "ok":
+        ext.comm_connect(comm, handles)
+    except Exception as e:  # reported to every process
+      status = f"process {me}: {e}"
+    agree("connect", status)
+  except BaseException:
+    if comm is not None:
+      ext.free_comm(comm)
+    raise
+  return comm, ordinals
