@@ -1,0 +1,224 @@
+"""Runs a script in N local processes joined by ``jax.distributed``: the test
+launcher for multi-process jaxll, usable for any multi-process JAX check.
+
+  from jaxll import launch
+  results = launch.run("check.py", 4, args=["--size", "4096"], timeout=300)
+
+Each worker runs ``python check.py ...`` with the coordinator address, process
+count and its process id in its environment; the script calls
+:func:`init_worker` (which calls ``jax.distributed.initialize``) and reports a
+JSON-serialisable result with :func:`report`. :func:`run` returns the results in
+process order, or raises :class:`LaunchError` with every worker's output when a
+worker fails, reports nothing, or the run passes `timeout` (then every worker is
+killed: a hang fails the caller instead of blocking it).
+
+With ``mps="auto"`` (default) it starts a private CUDA MPS control daemon when
+``nvidia-cuda-mps-control`` and a GPU are present, so the workers' kernels run
+concurrently on a shared GPU (jaxll's kernels spin waiting for each other; without
+MPS processes time-slice the GPU and each call waits for a slice switch), and
+stops it afterwards. ``mps=False`` never starts one; ``mps=True`` requires it;
+``mps=MpsDaemon()`` uses one the caller started (and stops) for several runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+_ENV_COORD = "JAXLL_LAUNCH_COORDINATOR"
+_ENV_NUM = "JAXLL_LAUNCH_NUM_PROCESSES"
+_ENV_ID = "JAXLL_LAUNCH_PROCESS_ID"
+_RESULT = "JAXLL_LAUNCH_RESULT "
+
+
+class LaunchError(RuntimeError):
+  """A launched worker failed, reported nothing, or the run timed out."""
+
+
+@dataclasses.dataclass
+class Worker:
+  process_id: int
+  returncode: int | None
+  output: str
+  result: object = None
+  reported: bool = False  # the script called report()
+  mps: bool = False       # an MPS daemon served this run
+
+
+def init_worker(**kwargs) -> int:
+  """In a launched worker: joins ``jax.distributed`` as this worker's process
+  and returns its process id. Extra keyword arguments go to
+  ``jax.distributed.initialize``."""
+  import jax
+  pid = int(os.environ[_ENV_ID])
+  jax.distributed.initialize(coordinator_address=os.environ[_ENV_COORD],
+                             num_processes=int(os.environ[_ENV_NUM]), process_id=pid,
+                             **kwargs)
+  return pid
+
+
+def report(result) -> None:
+  """In a launched worker: hands `result` (JSON-serialisable) to the launcher."""
+  print(_RESULT + json.dumps(result), flush=True)
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+class MpsDaemon:
+  """A private CUDA MPS control daemon (its own pipe and log directories).
+  Pass it to several :func:`run` calls to share it; ``stop()`` when done."""
+
+  def __init__(self):
+    self.dir = tempfile.mkdtemp(prefix="jaxll-mps-")
+    self.env = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(self.dir, "pipe"),
+                "CUDA_MPS_LOG_DIRECTORY": os.path.join(self.dir, "log")}
+    for d in self.env.values():
+      os.makedirs(d)
+    env = dict(os.environ, **self.env)
+    r = subprocess.run(["nvidia-cuda-mps-control", "-d"], env=env, capture_output=True,
+                       text=True, timeout=30)
+    if r.returncode != 0:
+      shutil.rmtree(self.dir, ignore_errors=True)
+      raise OSError(f"nvidia-cuda-mps-control -d failed: {r.stderr.strip() or r.returncode}")
+
+  def stop(self):
+    env = dict(os.environ, **self.env)
+    try:
+      subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env=env, capture_output=True,
+                     text=True, timeout=30)
+      # "quit" returns before the daemon and its server are gone; a new daemon
+      # started meanwhile leaves its clients without a device.
+      deadline = time.monotonic() + 30
+      while time.monotonic() < deadline and _mps_processes_running():
+        time.sleep(0.2)
+    finally:
+      shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _mps_processes_running() -> bool:
+  try:
+    r = subprocess.run(["pgrep", "-f", "nvidia-cuda-mps-(control|server)"], capture_output=True,
+                       timeout=10)
+  except (OSError, subprocess.SubprocessError):
+    return False
+  return r.returncode == 0
+
+
+def _have_gpu() -> bool:
+  if shutil.which("nvidia-smi") is None:
+    return False
+  try:
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
+  except (OSError, subprocess.SubprocessError):
+    return False
+
+
+def _start_mps(mps):
+  if mps is False or isinstance(mps, MpsDaemon):
+    return None
+  available = shutil.which("nvidia-cuda-mps-control") is not None and _have_gpu()
+  if not available:
+    if mps is True:
+      raise LaunchError("mps=True but nvidia-cuda-mps-control or a GPU is missing")
+    return None
+  try:
+    return MpsDaemon()
+  except (OSError, subprocess.SubprocessError) as e:
+    if mps is True:
+      raise LaunchError(str(e)) from None
+    return None
+
+
+def run(script: str, n: int, *, args=(), timeout: float = 300, mps="auto",
+        env: dict | None = None, devices: list[str] | None = None,
+        python: str = sys.executable) -> list[Worker]:
+  """Runs `script` in `n` processes joined by jax.distributed (a local
+  coordinator); returns one :class:`Worker` per process, in process order, each
+  with the result its script passed to :func:`report`. Raises LaunchError on a
+  failed worker, a missing result or a timeout, with every worker's output.
+
+  `devices[i]`, if given, becomes process i's CUDA_VISIBLE_DEVICES (one process
+  per GPU); by default every process sees every GPU of the host."""
+  if n < 1:
+    raise ValueError(f"n must be at least 1, got {n}")
+  if devices is not None and len(devices) != n:
+    raise ValueError(f"devices must have one entry per process ({n}), got {len(devices)}")
+  daemon = _start_mps(mps)
+  shared = mps if isinstance(mps, MpsDaemon) else None
+  serving = daemon or shared
+  coord = f"127.0.0.1:{_free_port()}"
+  procs, logs = [], []
+  try:
+    for i in range(n):
+      wenv = dict(os.environ, **(env or {}))
+      if serving is not None:
+        wenv.update(serving.env)
+      wenv.update({_ENV_COORD: coord, _ENV_NUM: str(n), _ENV_ID: str(i)})
+      if devices is not None:
+        wenv["CUDA_VISIBLE_DEVICES"] = str(devices[i])
+      log = tempfile.TemporaryFile(mode="w+")
+      logs.append(log)
+      procs.append(subprocess.Popen([python, script, *map(str, args)], env=wenv, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True))
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    while [p.poll() for p in procs].count(None):
+      if time.monotonic() > deadline:
+        timed_out = True
+        break
+      if any(p.returncode not in (None, 0) for p in procs):
+        # one failed: give the others a moment to fail too, then stop them
+        time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
+        break
+      time.sleep(0.05)
+    for p in procs:
+      if p.poll() is None:
+        try:
+          os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+        p.wait()
+    workers = []
+    for i, (p, log) in enumerate(zip(procs, logs)):
+      log.seek(0)
+      out = log.read()
+      result, seen = None, False
+      for line in out.splitlines():
+        if line.startswith(_RESULT):
+          result, seen = json.loads(line[len(_RESULT):]), True
+      workers.append(Worker(i, p.returncode, out, result, seen, serving is not None))
+    problems = []
+    if timed_out:
+      problems.append(f"timed out after {timeout} s")
+    for w in workers:
+      if w.returncode != 0:
+        problems.append(f"process {w.process_id} exited with {w.returncode}")
+      elif not w.reported:
+        problems.append(f"process {w.process_id} reported no result")
+    if problems:
+      tails = "\n".join(f"--- process {w.process_id} (exit {w.returncode}) ---\n"
+                        + "\n".join(w.output.splitlines()[-40:]) for w in workers)
+      raise LaunchError("; ".join(problems) + f" ({'MPS' if serving else 'no MPS'})\n" + tails)
+    return workers
+  finally:
+    for log in logs:
+      log.close()
+    if daemon is not None:
+      daemon.stop()
+
+
+def mps_available() -> bool:
+  """Whether run(mps="auto") would start MPS here."""
+  return shutil.which("nvidia-cuda-mps-control") is not None and _have_gpu()

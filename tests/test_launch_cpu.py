@@ -1,0 +1,50 @@
+"""The multi-process launcher (jaxll.launch) on CPU, and the pure logic of
+workspaces that span processes."""
+
+import os
+
+import pytest
+
+from jaxll import distributed, launch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "mp_scripts", "cpu_worker.py")
+ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+
+
+def test_two_processes_join_and_reduce():
+  workers = launch.run(WORKER, 2, timeout=120, mps=False, env=ENV)
+  assert [w.process_id for w in workers] == [0, 1]
+  for w in workers:
+    assert w.returncode == 0 and w.reported and not w.mps
+    assert w.result["processes"] == 2 and w.result["devices"] == 2
+    assert w.result["path"] == "xla"  # CPU: XLA's all-reduce (gloo) across processes
+    assert w.result["sum"] == [[3.0, 3.0, 3.0, 3.0]]
+
+
+def test_failed_worker_is_reported_with_output():
+  with pytest.raises(launch.LaunchError, match="process 1 exited with 3"):
+    launch.run(WORKER, 2, args=["fail"], timeout=120, mps=False, env=ENV)
+
+
+def test_hang_fails_after_timeout():
+  with pytest.raises(launch.LaunchError, match="timed out after 12 s"):
+    launch.run(WORKER, 2, args=["hang"], timeout=12, mps=False, env=ENV)
+
+
+def test_mps_required_but_missing(monkeypatch):
+  monkeypatch.setattr(launch.shutil, "which", lambda name: None)
+  with pytest.raises(launch.LaunchError, match="mps=True"):
+    launch.run(WORKER, 1, mps=True, env=ENV)
+
+
+def test_grid_bound_agreement():
+  # 8 ranks on one GPU (N processes on one device) share its resident blocks
+  one_gpu = [{"uuid": "a", "bound": 264}] * 8
+  assert distributed.agree_max_blocks(one_gpu) == 33
+  # one rank per GPU: each GPU's own bound, the smallest wins
+  gpus = [{"uuid": str(i), "bound": 264 - i} for i in range(4)]
+  assert distributed.agree_max_blocks(gpus) == 261
+  # two GPUs with 2 and 1 ranks
+  mixed = [{"uuid": "a", "bound": 100}, {"uuid": "a", "bound": 100}, {"uuid": "b", "bound": 60}]
+  assert distributed.agree_max_blocks(mixed) == 50
