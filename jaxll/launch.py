@@ -37,6 +37,7 @@ _ENV_COORD = "JAXLL_LAUNCH_COORDINATOR"
 _ENV_NUM = "JAXLL_LAUNCH_NUM_PROCESSES"
 _ENV_ID = "JAXLL_LAUNCH_PROCESS_ID"
 _RESULT = "JAXLL_LAUNCH_RESULT "
+_PROGRESS = "[jaxll.launch process "
 
 
 class LaunchError(RuntimeError):
@@ -209,7 +210,7 @@ def run(script: str, n: int, *, args=(), timeout: float = 300, mps="auto",
         problems.append(f"process {w.process_id} reported no result")
     if problems:
       tails = "\n".join(f"--- process {w.process_id} (exit {w.returncode}) ---\n"
-                        + "\n".join(w.output.splitlines()[-40:]) for w in workers)
+                        + _digest(w.output) for w in workers)
       raise LaunchError("; ".join(problems) + f" ({'MPS' if serving else 'no MPS'})\n" + tails)
     return workers
   finally:
@@ -217,6 +218,20 @@ def run(script: str, n: int, *, args=(), timeout: float = 300, mps="auto",
       log.close()
     if daemon is not None:
       daemon.stop()
+
+
+def _digest(output: str, tail: int = 40, marks: int = 20) -> str:
+  """The lines of a worker's output worth reading: its progress marks and
+  errors (first `marks` of them), then its last `tail` lines."""
+  lines = output.splitlines()
+  notable = [l for l in lines[:-tail] if l.startswith(_PROGRESS) or "Error" in l
+             or "Traceback" in l][:marks]
+  return "\n".join(notable + (["..."] if notable else []) + lines[-tail:])
+
+
+def progress(message: str) -> None:
+  """In a launched worker: a progress mark, shown with the output of a failed run."""
+  print(f"{_PROGRESS}{os.environ.get(_ENV_ID, '?')}] {message}", flush=True)
 
 
 def mps_available() -> bool:

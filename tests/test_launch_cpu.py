@@ -23,8 +23,9 @@ def test_two_processes_join_and_reduce():
 
 
 def test_failed_worker_is_reported_with_output():
-  with pytest.raises(launch.LaunchError, match="process 1 exited with 3"):
+  with pytest.raises(launch.LaunchError, match="process 1 exited with 3") as e:
     launch.run(WORKER, 2, args=["fail"], timeout=120, mps=False, env=ENV)
+  assert "[jaxll.launch process 1] joined" in str(e.value)  # progress marks are shown
 
 
 def test_hang_fails_after_timeout():

@@ -12,6 +12,7 @@ from jaxll import launch  # noqa: E402
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
 pid = launch.init_worker()
+launch.progress("joined")
 if mode == "fail" and pid == 1:
   os._exit(3)  # a crash: no jax.distributed shutdown
 if mode == "hang" and pid == 0:

@@ -74,6 +74,7 @@ def check(name, got, ref, tol):
                             f"{got.reshape(-1)[i]} vs {ref.reshape(-1)[i]}")
 
 
+launch.progress("1-D mesh, every algorithm")
 # 1. Every algorithm, dtype, op, on the 1-D mesh; four sizes per program (four call sites).
 mesh = jax.make_mesh((n,), ("x",))
 for algorithm in algorithms.KERNELS:
@@ -97,6 +98,7 @@ for algorithm in algorithms.KERNELS:
         check(f"1d/{algorithm}/{np.dtype(dtype).name}/{op}/{c}", out.addressable_data(0)[0],
               ref, tol)
 
+launch.progress("2-D mesh")
 # 2. A 2-D mesh, reducing over each axis (auto and one forced kernel).
 if n >= 2 and n % 2 == 0:
   mesh2 = jax.make_mesh((2, n // 2), ("a", "b"))
@@ -117,6 +119,7 @@ if n >= 2 and n % 2 == 0:
         check(f"2d/{axis}/{algorithm}/{c}/group{group}", out.addressable_data(0)[0, 0],
               ref[idx][0, 0], tol[idx][0, 0])
 
+launch.progress("consecutive steps")
 # 3. Many consecutive steps inside one jitted loop (epochs and parities on the device).
 x_full = rows((n,), 1000, np.float32, seed=99)
 x = global_array(mesh, P("x"), x_full)
@@ -130,6 +133,7 @@ for algorithm in algorithms.KERNELS:
   # the first step averages; later ones average equal values (a rounding each)
   check(f"steps/{algorithm}", out.addressable_data(0)[0], mean, 1e-3 * np.abs(mean) + 1e-4)
 
+launch.progress("training step")
 # 4. A training step: gradient through the all-reduce, against the math.
 d, k = 16, 8
 xs_full = rows((n,), 32 * d, np.float32, seed=5).reshape(n, 32, d)
@@ -155,6 +159,7 @@ s = sum(x64[r] @ w0 for r in range(n))
 g_ref = sum(x64[r].T @ (2 * (s - y)) for r in range(n))
 check("grad", g, g_ref, 1e-4 * np.abs(g_ref) + 1e-3)
 
+launch.progress("latency")
 # 5. Latency at 4 KB: a jitted chain of dependent calls, per call.
 if opts.latency:
   chain = 50
@@ -176,5 +181,6 @@ if opts.latency:
     report["latency_us"][algorithm] = float(np.median(samples))
     report.setdefault("latency_path", {})[algorithm] = jaxll.explain(f, xl)[0].algorithm
 
+launch.progress("done")
 jaxll.check_errors()
 launch.report(report)
