@@ -4,7 +4,7 @@
 // relaxed system-scope store. The reader polls its local copy until both flag
 // words equal the epoch it expects; since the flag travels in the same store as
 // the data, no fence and no separate signal are needed, and because the epoch
-// changes on every call the slot never has to be reset.
+// changes on every round the slot never has to be reset.
 #pragma once
 
 #include <cstdint>
