@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mp_scripts",
                       "gpu_allreduce.py")
 ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "NCCL_NVLS_ENABLE": "0",
-       "JAXLL_TIMEOUT_MS": "20000", "XLA_FLAGS": ""}
+       "JAXLL_TIMEOUT_MS": "20000", "JAXLL_SETUP_TIMEOUT_MS": "120000", "XLA_FLAGS": ""}
 
 
 @pytest.fixture(scope="module")
