@@ -247,9 +247,8 @@ def bench_virtual(args, n: int, progress) -> list[dict]:
         if kernel == algorithms.XLA:
           rec.update(status="n/a", reason=f"auto picks xla ({why}), which cannot run on "
                                           "virtual ranks")
-        elif algorithms.kernel_limits(kernel, np.dtype(jax.numpy.dtype(dtype)), "sum"):
-          rec.update(status="n/a", reason=algorithms.kernel_limits(
-              kernel, np.dtype(jax.numpy.dtype(dtype)), "sum"))
+        elif limit := algorithms.kernel_limits(kernel, np.dtype(jax.numpy.dtype(dtype)), "sum"):
+          rec.update(status="n/a", reason=limit)
         else:
           # Fewer calls per graph for large messages: about 256 MiB moved per graph.
           iters = max(3, min(args.iters, (256 << 20) // max(1, count * item * n)))

@@ -129,8 +129,7 @@ def _have_gpu() -> bool:
 def _start_mps(mps):
   if mps is False or isinstance(mps, MpsDaemon):
     return None
-  available = shutil.which("nvidia-cuda-mps-control") is not None and _have_gpu()
-  if not available:
+  if not mps_available():
     if mps is True:
       raise LaunchError("mps=True but nvidia-cuda-mps-control or a GPU is missing")
     return None
