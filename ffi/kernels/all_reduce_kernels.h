@@ -26,20 +26,32 @@ struct KernelEntry {
   const void* fn;
 };
 
+// Kernels indexed by (family, protocol, dtype, op): a lookup per launch is one
+// array read.
 class KernelTable {
  public:
   void add(Family f, Proto p, DType d, ReduceOp o, const void* fn) {
     entries_.push_back({f, p, d, o, fn});
+    slots_[slot(f, p, d, o)] = fn;
   }
   const void* find(Family f, Proto p, DType d, ReduceOp o) const {
-    for (const KernelEntry& e : entries_)
-      if (e.family == f && e.proto == p && e.dtype == d && e.op == o) return e.fn;
-    return nullptr;
+    const int i = slot(f, p, d, o);
+    return i < 0 ? nullptr : slots_[i];
   }
   const std::vector<KernelEntry>& entries() const { return entries_; }
 
  private:
+  static constexpr int kFamilies = 3, kProtos = 3, kDTypes = 4, kOps = 3;
+  static int slot(Family f, Proto p, DType d, ReduceOp o) {
+    const int fi = static_cast<int>(f), pi = static_cast<int>(p);
+    const int di = static_cast<int>(d), oi = static_cast<int>(o);
+    if (fi < 0 || fi >= kFamilies || pi < 0 || pi >= kProtos || di < 0 || di >= kDTypes ||
+        oi < 0 || oi >= kOps)
+      return -1;
+    return ((fi * kProtos + pi) * kDTypes + di) * kOps + oi;
+  }
   std::vector<KernelEntry> entries_;
+  const void* slots_[kFamilies * kProtos * kDTypes * kOps] = {};
 };
 
 void register_oneshot_kernels(KernelTable& t);
@@ -68,5 +80,46 @@ template <>
 constexpr ReduceOp op_of<MaxOp>() { return ReduceOp::kMax; }
 template <>
 constexpr ReduceOp op_of<MinOp>() { return ReduceOp::kMin; }
+
+template <class T>
+struct TypeTag {
+  using type = T;
+};
+template <Proto P>
+struct ProtoTag {
+  static constexpr Proto value = P;
+};
+
+// The (protocol, dtype, op) combinations the one-shot and two-shot families
+// compile: LL16 for every dtype and op, sentinel for the float dtypes and every
+// op, the barrier baselines for sum. `Kernel<P, T, Op>::fn()` names the instance.
+template <template <Proto, class, class> class Kernel>
+void register_family(KernelTable& t, Family f) {
+  auto one = [&](auto proto, auto dtype, auto op) {
+    using T = typename decltype(dtype)::type;
+    using Op = typename decltype(op)::type;
+    constexpr Proto P = decltype(proto)::value;
+    t.add(f, P, dtype_of<T>(), op_of<Op>(), Kernel<P, T, Op>::fn());
+  };
+  auto ops = [&](auto proto, auto dtype) {
+    one(proto, dtype, TypeTag<SumOp>{});
+    one(proto, dtype, TypeTag<MaxOp>{});
+    one(proto, dtype, TypeTag<MinOp>{});
+  };
+  using LL = ProtoTag<Proto::kLL>;
+  using Sentinel = ProtoTag<Proto::kSentinel>;
+  using Barrier = ProtoTag<Proto::kBarrier>;
+  ops(LL{}, TypeTag<float>{});
+  ops(LL{}, TypeTag<__nv_bfloat16>{});
+  ops(LL{}, TypeTag<__half>{});
+  ops(LL{}, TypeTag<int32_t>{});
+  ops(Sentinel{}, TypeTag<float>{});
+  ops(Sentinel{}, TypeTag<__nv_bfloat16>{});
+  ops(Sentinel{}, TypeTag<__half>{});
+  one(Barrier{}, TypeTag<float>{}, TypeTag<SumOp>{});
+  one(Barrier{}, TypeTag<__nv_bfloat16>{}, TypeTag<SumOp>{});
+  one(Barrier{}, TypeTag<__half>{}, TypeTag<SumOp>{});
+  one(Barrier{}, TypeTag<int32_t>{}, TypeTag<SumOp>{});
+}
 
 }  // namespace jaxll

@@ -95,32 +95,12 @@ __global__ void __launch_bounds__(kBlockThreads) twoshot_kernel(AllReduceArgs a)
 }
 
 template <Proto P, class T, class Op>
-void add(KernelTable& t) {
-  t.add(Family::kTwoShot, P, dtype_of<T>(), op_of<Op>(),
-        reinterpret_cast<const void*>(&twoshot_kernel<P, T, Op>));
-}
-
-template <Proto P, class T>
-void add_ops(KernelTable& t) {
-  add<P, T, SumOp>(t);
-  add<P, T, MaxOp>(t);
-  add<P, T, MinOp>(t);
-}
+struct TwoShotKernel {
+  static const void* fn() { return reinterpret_cast<const void*>(&twoshot_kernel<P, T, Op>); }
+};
 
 }  // namespace
 
-void register_twoshot_kernels(KernelTable& t) {
-  add_ops<Proto::kLL, float>(t);
-  add_ops<Proto::kLL, __nv_bfloat16>(t);
-  add_ops<Proto::kLL, __half>(t);
-  add_ops<Proto::kLL, int32_t>(t);
-  add_ops<Proto::kSentinel, float>(t);
-  add_ops<Proto::kSentinel, __nv_bfloat16>(t);
-  add_ops<Proto::kSentinel, __half>(t);
-  add<Proto::kBarrier, float, SumOp>(t);
-  add<Proto::kBarrier, __nv_bfloat16, SumOp>(t);
-  add<Proto::kBarrier, __half, SumOp>(t);
-  add<Proto::kBarrier, int32_t, SumOp>(t);
-}
+void register_twoshot_kernels(KernelTable& t) { register_family<TwoShotKernel>(t, Family::kTwoShot); }
 
 }  // namespace jaxll
