@@ -18,6 +18,9 @@ concurrently on a shared GPU (jaxll's kernels spin waiting for each other; witho
 MPS processes time-slice the GPU and each call waits for a slice switch), and
 stops it afterwards. ``mps=False`` never starts one; ``mps=True`` requires it;
 ``mps=MpsDaemon()`` uses one the caller started (and stops) for several runs.
+Workers an MPS daemon serves get ``CUDA_DEVICE_MAX_CONNECTIONS=4`` unless `env`
+sets it: MPS clients share one pool of hardware work queues, and 8 clients asking
+for 32 each fail with CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ _ENV_NUM = "JAXLL_LAUNCH_NUM_PROCESSES"
 _ENV_ID = "JAXLL_LAUNCH_PROCESS_ID"
 _RESULT = "JAXLL_LAUNCH_RESULT "
 _PROGRESS = "[jaxll.launch process "
+# CUDA_DEVICE_MAX_CONNECTIONS of a worker that an MPS daemon serves, unless the
+# caller's `env` sets it.
+MPS_MAX_CONNECTIONS = 4
 
 
 class LaunchError(RuntimeError):
@@ -165,6 +171,10 @@ def run(script: str, n: int, *, args=(), timeout: float = 300, mps="auto",
       wenv = dict(os.environ, **(env or {}))
       if serving is not None:
         wenv.update(serving.env)
+        # MPS clients share one pool of hardware work queues: 8 processes asking
+        # for 32 each (what virtual-rank runs set) exhaust it.
+        if "CUDA_DEVICE_MAX_CONNECTIONS" not in (env or {}):
+          wenv["CUDA_DEVICE_MAX_CONNECTIONS"] = str(MPS_MAX_CONNECTIONS)
       wenv.update({_ENV_COORD: coord, _ENV_NUM: str(n), _ENV_ID: str(i)})
       if devices is not None:
         wenv["CUDA_VISIBLE_DEVICES"] = str(devices[i])
@@ -183,13 +193,7 @@ def run(script: str, n: int, *, args=(), timeout: float = 300, mps="auto",
         time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
         break
       time.sleep(0.05)
-    for p in procs:
-      if p.poll() is None:
-        try:
-          os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-          pass
-        p.wait()
+    _kill(procs)
     workers = []
     for i, (p, log) in enumerate(zip(procs, logs)):
       log.seek(0)
@@ -213,10 +217,21 @@ def run(script: str, n: int, *, args=(), timeout: float = 300, mps="auto",
       raise LaunchError("; ".join(problems) + f" ({'MPS' if serving else 'no MPS'})\n" + tails)
     return workers
   finally:
+    _kill(procs)  # also when the caller is interrupted: no worker outlives the run
     for log in logs:
       log.close()
     if daemon is not None:
       daemon.stop()
+
+
+def _kill(procs) -> None:
+  for p in procs:
+    if p.poll() is None:
+      try:
+        os.killpg(p.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+      p.wait()
 
 
 def _digest(output: str, tail: int = 40, marks: int = 20) -> str:

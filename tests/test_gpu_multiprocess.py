@@ -5,6 +5,7 @@ one GPU, all N processes share it (CUDA MPS is started when available).
 Marked ``gpu``."""
 
 import os
+import time
 
 import pytest
 
@@ -16,6 +17,8 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mp_scripts",
                       "gpu_allreduce.py")
 ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "NCCL_NVLS_ENABLE": "0",
        "JAXLL_TIMEOUT_MS": "20000", "JAXLL_SETUP_TIMEOUT_MS": "120000", "XLA_FLAGS": ""}
+# seconds one run may take before its workers are killed and the test fails
+TIMEOUT = float(os.environ.get("JAXLL_MP_TEST_TIMEOUT", "500"))
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,10 @@ def mps():
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_processes_share_the_gpu(n, mps):
   args = ["--steps", "1000"] + (["--latency"] if n in (2, 8) else [])
-  workers = launch.run(SCRIPT, n, args=args, timeout=500, env=ENV, mps=mps)
+  t0 = time.monotonic()
+  workers = launch.run(SCRIPT, n, args=args, timeout=TIMEOUT, env=ENV, mps=mps)
+  print(f"\nN={n}: {time.monotonic() - t0:.0f} s; process 0's sections (s): "
+        f"{workers[0].result['seconds']}")
   errors = [e for w in workers for e in w.result["errors"]]
   assert not errors, errors
   cases = workers[0].result["cases"]

@@ -49,3 +49,25 @@ def test_grid_bound_agreement():
   # two GPUs with 2 and 1 ranks
   mixed = [{"uuid": "a", "bound": 100}, {"uuid": "a", "bound": 100}, {"uuid": "b", "bound": 60}]
   assert distributed.agree_max_blocks(mixed) == 50
+
+
+def test_mps_workers_get_few_work_queues(tmp_path, monkeypatch):
+  # Under MPS all clients share one pool of hardware work queues: the launcher
+  # caps CUDA_DEVICE_MAX_CONNECTIONS (32 from the caller's environment would
+  # exhaust the pool at 8 processes) unless `env` asks for a value.
+  script = tmp_path / "env.py"
+  script.write_text("import os\nfrom jaxll import launch\n"
+                    "launch.report({k: os.environ.get(k) for k in "
+                    "('CUDA_DEVICE_MAX_CONNECTIONS', 'CUDA_MPS_PIPE_DIRECTORY')})\n")
+  monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+  daemon = object.__new__(launch.MpsDaemon)  # a shared daemon, not started here
+  daemon.env = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe")}
+  w = launch.run(str(script), 2, timeout=60, mps=daemon)
+  assert all(x.mps for x in w)
+  assert [x.result for x in w] == [{"CUDA_DEVICE_MAX_CONNECTIONS": "4",
+                                    "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe")}] * 2
+  w = launch.run(str(script), 1, timeout=60, mps=daemon,
+                 env={"CUDA_DEVICE_MAX_CONNECTIONS": "8"})
+  assert w[0].result["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
+  w = launch.run(str(script), 1, timeout=60, mps=False)
+  assert w[0].result["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"

@@ -36,7 +36,17 @@ dev = jax.local_devices()[0]
 REL_TOL = {"float32": 2e-6, "bfloat16": 2 ** -8, "float16": 2 ** -11, "int32": 0}
 EPS = {"float32": 2 ** -23, "bfloat16": 2 ** -7, "float16": 2 ** -10}
 SIZES = [1, 777, 65_539, 1_500_001]  # 1 element .. 6 MB (f32)
-report = {"pid": pid, "cases": {}, "errors": []}
+report = {"pid": pid, "cases": {}, "errors": [], "seconds": {}}
+_t = [time.monotonic(), None]
+
+
+def section(name):
+  """A progress mark; the previous section's time goes into the report."""
+  now = time.monotonic()
+  if _t[1] is not None:
+    report["seconds"][_t[1]] = round(now - _t[0], 1)
+  _t[:] = [now, name]
+  launch.progress(name)
 _barriers = [0]
 
 
@@ -86,7 +96,7 @@ def check(name, got, ref, tol):
                             f"{got.reshape(-1)[i]} vs {ref.reshape(-1)[i]}")
 
 
-launch.progress("1-D mesh, every algorithm")
+section("1-D mesh, every algorithm")
 # 1. Every algorithm, dtype, op, on the 1-D mesh; four sizes per program (four call sites).
 mesh = jax.make_mesh((n,), ("x",))
 for algorithm in algorithms.KERNELS:
@@ -110,7 +120,7 @@ for algorithm in algorithms.KERNELS:
         check(f"1d/{algorithm}/{np.dtype(dtype).name}/{op}/{c}", out.addressable_data(0)[0],
               ref, tol)
 
-launch.progress("2-D mesh")
+section("2-D mesh")
 # 2. A 2-D mesh, reducing over each axis (auto and one forced kernel).
 if n >= 2 and n % 2 == 0:
   mesh2 = jax.make_mesh((2, n // 2), ("a", "b"))
@@ -131,7 +141,7 @@ if n >= 2 and n % 2 == 0:
         check(f"2d/{axis}/{algorithm}/{c}/group{group}", out.addressable_data(0)[0, 0],
               ref[idx][0, 0], tol[idx][0, 0])
 
-launch.progress("consecutive steps")
+section("consecutive steps")
 # 3. Many consecutive steps inside one jitted loop (epochs and parities on the device).
 x_full = rows((n,), 1000, np.float32, seed=99)
 x = global_array(mesh, P("x"), x_full)
@@ -145,7 +155,7 @@ for algorithm in algorithms.KERNELS:
   # the first step averages; later ones average equal values (a rounding each)
   check(f"steps/{algorithm}", out.addressable_data(0)[0], mean, 1e-3 * np.abs(mean) + 1e-4)
 
-launch.progress("training step")
+section("training step")
 # 4. A training step: gradient through the all-reduce, against the math.
 d, k = 16, 8
 xs_full = rows((n,), 32 * d, np.float32, seed=5).reshape(n, 32, d)
@@ -171,29 +181,31 @@ s = sum(x64[r] @ w0 for r in range(n))
 g_ref = sum(x64[r].T @ (2 * (s - y)) for r in range(n))
 check("grad", g, g_ref, 1e-4 * np.abs(g_ref) + 1e-3)
 
-launch.progress("latency")
+section("latency")
 # 5. Latency at 4 KB: a jitted chain of dependent calls, per call.
 if opts.latency:
   chain = 50
   xl = global_array(mesh, P("x"), rows((n,), 1024, np.float32, seed=1) * 1e-3)
-  report["latency_us"] = {}
-  for algorithm in ("auto", "oneshot_ll", "oneshot_sentinel"):
+  names = ("auto", "oneshot_ll", "oneshot_sentinel", "oneshot_barrier")
+  programs, samples = {}, {a: [] for a in names}
+  for algorithm in names:
     def body(v, a=algorithm):
       w = v
       for _ in range(chain):
         w = v + jaxll.all_reduce(w, "x", algorithm=a)
       return w
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
-    fc = compiled(f, xl)
-    jax.block_until_ready(fc(xl))
-    samples = []
-    for _ in range(30):
-      t0 = time.perf_counter()
-      jax.block_until_ready(fc(xl))
-      samples.append((time.perf_counter() - t0) * 1e6 / chain)
-    report["latency_us"][algorithm] = float(np.median(samples))
+    programs[algorithm] = compiled(f, xl)
+    jax.block_until_ready(programs[algorithm](xl))
     report.setdefault("latency_path", {})[algorithm] = jaxll.explain(f, xl)[0].algorithm
+  for _ in range(10):  # rounds over the algorithms, so drifts hit all of them alike
+    for algorithm in names:
+      for _ in range(5):
+        t0 = time.perf_counter()
+        jax.block_until_ready(programs[algorithm](xl))
+        samples[algorithm].append((time.perf_counter() - t0) * 1e6 / chain)
+  report["latency_us"] = {a: float(np.median(samples[a])) for a in names}
 
-launch.progress("done")
+section("done")
 jaxll.check_errors()
 launch.report(report)
