@@ -198,6 +198,20 @@ if opts.latency:
     programs[algorithm] = compiled(f, xl)
     jax.block_until_ready(programs[algorithm](xl))
     report.setdefault("latency_path", {})[algorithm] = jaxll.explain(f, xl)[0].algorithm
+
+  # The floor of the same chain in the same setting: jaxll's empty-kernel custom
+  # call in place of the all-reduce (no communication, no waiting for peers).
+  def floor_body(v):
+    w = v
+    for _ in range(chain):
+      w = v + jax.ffi.ffi_call("jaxll_noop", jax.ShapeDtypeStruct(w.shape, w.dtype),
+                               input_output_aliases={0: 0})(w)
+    return w
+  names += ("floor",)
+  samples["floor"] = []
+  programs["floor"] = compiled(jax.jit(jax.shard_map(floor_body, mesh=mesh, in_specs=P("x"),
+                                                     out_specs=P("x"))), xl)
+  jax.block_until_ready(programs["floor"](xl))
   for _ in range(10):  # rounds over the algorithms, so drifts hit all of them alike
     for algorithm in names:
       for _ in range(5):
