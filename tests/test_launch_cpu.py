@@ -6,6 +6,7 @@ import os
 import pytest
 
 from jaxll import distributed, launch
+from mp_checks import CHECKS, verify
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "mp_scripts", "cpu_worker.py")
@@ -26,6 +27,21 @@ def test_failed_worker_is_reported_with_output():
   with pytest.raises(launch.LaunchError, match="process 1 exited with 3") as e:
     launch.run(WORKER, 2, args=["fail"], timeout=120, mps=False, env=ENV)
   assert "[jaxll.launch process 1] joined" in str(e.value)  # progress marks are shown
+
+
+@pytest.mark.parametrize("processes,devices", [(1, 8), (2, 4)])
+def test_end_to_end_checks_dry_run_on_cpu(processes, devices):
+  # The GPU tiers' end-to-end checks (tests/mp_scripts/allreduce_checks.py) on
+  # CPU devices: every call lowers to XLA's all-reduce (gloo across processes),
+  # so this checks the harness itself: sharding and gathering with several
+  # devices per process, references, per-group bitwise agreement, 2-D groups.
+  args = ["--platform", "cpu", "--cpu-devices", devices, "--steps", "20", "--stress", "4"]
+  workers = launch.run(CHECKS, processes, args=args, timeout=300, mps=False, env=ENV)
+  assert [len(w.result["devices"]) for w in workers] == [devices] * processes
+  verify(workers, min_cases=30)
+  names = workers[0].result["cases"]
+  assert "2d/b/auto/5/group0" in names and "2d/a/auto/70001/group0" in names
+  assert workers[0].result["stress_calls"] == 12
 
 
 def test_hang_fails_after_timeout():

@@ -1,0 +1,35 @@
+"""What the launcher-driven end-to-end checks must show
+(tests/mp_scripts/allreduce_checks.py reports; these helpers judge)."""
+
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHECKS = os.path.join(HERE, "mp_scripts", "allreduce_checks.py")
+
+
+def verify(workers, min_cases: int) -> None:
+  """Every process passed every case, and the ranks of each group (a case name
+  identifies its group) hold the same bits in every process."""
+  errors = [f"process {w.process_id}: {e}" for w in workers for e in w.result["errors"]]
+  assert not errors, errors[:20]
+  assert len(workers[0].result["cases"]) >= min_cases, len(workers[0].result["cases"])
+  by_name = {}
+  for w in workers:
+    for name, case in w.result["cases"].items():
+      assert case["ok"], (w.process_id, name)
+      by_name.setdefault(name, set()).add(case["hash"])
+  split = [name for name, hashes in by_name.items() if len(hashes) > 1]
+  assert not split, split[:5]
+
+
+def describe(workers, title: str) -> str:
+  """One line per run for the test log: time per section, latency if measured."""
+  r = workers[0].result
+  line = f"\n{title}: sections (s) {r['seconds']}"
+  if "stress_calls" in r:
+    line += f"; stress {r['stress_calls']} calls"
+  if "latency_us" in r:
+    lat = {a: sorted(round(w.result["latency_us"][a], 2) for w in workers) for a in r["latency_us"]}
+    line += (f"\n  jitted chain of 50, us per call at 4 KiB (per process, sorted): {lat}; "
+             f"paths {r['latency_path']}")
+  return line
