@@ -12,6 +12,15 @@ size and the next measured one. A size keeps the previous size's winner while
 that one is within ``--margin`` (5%) of the fastest, so noise does not flip rows. XLA's all-reduce cannot run on virtual ranks,
 so the crossover to it (``--xla-above``) is an input, not a measurement, until
 multi-GPU runs measure it; the table's "source" says so.
+
+With ``--from-local`` the table comes from local-mode runs on real GPUs instead
+(``python -m jaxll.bench --mode local --gpus 2 4 8 ...``, which times every
+algorithm and XLA's all-reduce as jitted per-call time side by side): kernels
+are ranked by that time, and each group size's crossover to XLA is measured:
+XLA serves the sizes from the first one after which it is fastest at every
+measured size (the bound sits halfway, geometrically, below it). Smaller sizes
+where XLA is faster by more than the margin are printed as warnings, since auto
+is slower than psum there.
 """
 
 from __future__ import annotations
@@ -23,17 +32,27 @@ import os
 import sys
 
 
-def build_table(records: list[dict], xla_above: dict[str, int], note: str,
-                margin: float = 0.0) -> dict:
-  from jaxll import algorithms  # the installed jaxll (no GPU needed)
-
-  eligible = {n for n, s in algorithms.SPECS.items() if s.auto and s.code}
+def _times(records: list[dict], mode: str, metric: str, names) -> dict:
+  """{(ranks, dtype): {bytes: {algorithm: time}}} of `mode` records measured
+  with `metric`, for the algorithms in `names`."""
   times: dict[tuple[int, str], dict[int, dict[str, float]]] = {}
   for r in records:
-    if r.get("status") != "ok" or "kernel_us" not in r or r["algorithm"] not in eligible:
+    if (r.get("mode", "virtual") != mode or r.get("status") != "ok" or metric not in r
+        or r["algorithm"] not in names):
       continue
     times.setdefault((r["ranks"], r["dtype"]), {}).setdefault(r["bytes"], {})[
-        r["algorithm"]] = r["kernel_us"]
+        r["algorithm"]] = r[metric]
+  return times
+
+
+def _eligible() -> set[str]:
+  from jaxll import algorithms  # the installed jaxll (no GPU needed)
+  return {n for n, s in algorithms.SPECS.items() if s.auto and s.code}
+
+
+def build_table(records: list[dict], xla_above: dict[str, int], note: str,
+                margin: float = 0.0, mode: str = "virtual", metric: str = "kernel_us") -> dict:
+  times = _times(records, mode, metric, _eligible())
   tables: dict[str, dict[str, list]] = {}
   for (n, dtype), by_size in sorted(times.items()):
     sizes = sorted(by_size)
@@ -54,6 +73,39 @@ def build_table(records: list[dict], xla_above: dict[str, int], note: str,
         rows.append([upper, ranked])
     tables.setdefault(str(n), {})[dtype] = rows
   return {"source": note, "xla_above_bytes": xla_above, "tables": tables}
+
+
+def measured_crossover(records: list[dict], margin: float = 0.05) -> tuple[dict, list[str]]:
+  """From local-mode records: per group size, the bytes per rank above which
+  auto hands a call to XLA (the smallest over dtypes), and warnings for sizes
+  below it where XLA is faster than every kernel by more than `margin`."""
+  from jaxll import algorithms
+  eligible = _eligible()
+  times = _times(records, "local", "jit_us", eligible | {algorithms.XLA})
+  above: dict[str, int] = {}
+  warnings = []
+  for (n, dtype), by_size in sorted(times.items()):
+    sizes = [b for b in sorted(by_size)
+             if algorithms.XLA in by_size[b] and set(by_size[b]) & eligible]
+    if not sizes:
+      continue
+    best = {b: min(t for a, t in by_size[b].items() if a in eligible) for b in sizes}
+    xla_wins = [by_size[b][algorithms.XLA] < best[b] for b in sizes]
+    k = len(sizes)
+    while k > 0 and xla_wins[k - 1]:
+      k -= 1
+    if k == len(sizes):
+      bound = 1 << 62  # a kernel is fastest at the largest size measured
+    elif k == 0:
+      bound = 0
+    else:
+      bound = int(math.sqrt(sizes[k - 1] * sizes[k]))
+    above[str(n)] = min(above.get(str(n), bound), bound)
+    for b in sizes[:k]:
+      if by_size[b][algorithms.XLA] * (1 + margin) < best[b]:
+        warnings.append(f"N={n} {dtype} {b} B: XLA {by_size[b][algorithms.XLA]:.2f} us, "
+                        f"best kernel {best[b]:.2f} us (auto is slower than psum here)")
+  return above, warnings
 
 
 def dumps_table(table: dict) -> str:
@@ -85,7 +137,10 @@ def main(argv=None) -> int:
                       "fastest (default 0.05)")
   p.add_argument("--xla-above", type=int, default=1 << 20,
                  help="bytes per rank above which auto uses XLA (default 1 MiB; not measured "
-                      "on virtual ranks)")
+                      "on virtual ranks; with --from-local only for group sizes not measured)")
+  p.add_argument("--from-local", action="store_true",
+                 help="rank by local-mode jitted per-call time on real GPUs and measure the "
+                      "crossover to XLA (see the module docstring)")
   args = p.parse_args(argv)
   records, machines = [], []
   for path in args.inputs:
@@ -95,17 +150,29 @@ def main(argv=None) -> int:
     m = doc.get("machine", {})
     machines.append(f"{m.get('gpu_count')} x {m.get('gpu')}, driver {m.get('driver')}, "
                     f"jax {m.get('jax')}")
-  note = (f"kernel time on virtual ranks ({'; '.join(sorted(set(machines)))}) from "
-          f"{', '.join(os.path.basename(x) for x in args.inputs)} by benchmarks/tune_auto.py; "
-          f"the crossover to XLA ({args.xla_above} bytes) is not measured on virtual ranks")
-  table = build_table(records, {"default": args.xla_above}, note, args.margin)
+  inputs = ", ".join(os.path.basename(x) for x in args.inputs)
+  machine = "; ".join(sorted(set(machines)))
+  if args.from_local:
+    measured, warnings = measured_crossover(records, args.margin)
+    for w in warnings:
+      print("warning:", w)
+    note = (f"jitted per-call time on real GPUs, local mode ({machine}) from {inputs} by "
+            f"benchmarks/tune_auto.py --from-local; crossover to XLA measured for N in "
+            f"{sorted(int(n) for n in measured)}")
+    table = build_table(records, {"default": args.xla_above, **measured}, note, args.margin,
+                        mode="local", metric="jit_us")
+  else:
+    note = (f"kernel time on virtual ranks ({machine}) from {inputs} by benchmarks/tune_auto.py; "
+            f"the crossover to XLA ({args.xla_above} bytes) is not measured on virtual ranks")
+    table = build_table(records, {"default": args.xla_above}, note, args.margin)
   if not table["tables"]:
-    p.error("no usable virtual-mode kernel timings in the inputs")
+    p.error(f"no usable {'local' if args.from_local else 'virtual'}-mode timings in the inputs")
   with open(args.out, "w") as f:
     f.write(dumps_table(table))
   for n, per_dtype in table["tables"].items():
     for dtype, rows in per_dtype.items():
       print(f"N={n} {dtype}: " + ", ".join(f"<= {r[0]} B: {r[1][0]}" for r in rows))
+  print(f"XLA above (bytes per rank): {table['xla_above_bytes']}")
   print(f"wrote {args.out}")
   return 0
 

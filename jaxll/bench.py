@@ -6,8 +6,9 @@ Modes:
   virtual   N virtual ranks on one GPU (``--ranks``, default 8): kernel time per
             call (CUDA events over a CUDA graph of many calls) and jitted per-call
             time (a jax.jit chain of K dependent calls). psum cannot run here.
-  local     one process, a mesh over all local GPUs: jitted per-step time of a
-            chain inside shard_map, jaxll against psum.
+  local     one process, a mesh over the first N local GPUs (``--gpus``, default
+            all of them, at least 2): jitted per-call time of a chain inside
+            shard_map, jaxll against psum.
 Every run also measures the speed-of-light inputs on GPU 0: the L2 round trip
 (one __threadfence()), a flag ping-pong between two blocks (and between every GPU
 pair with peer access), the bound ``2*L2 + (pingpong_rtt - 2*L2)/2``, the
@@ -69,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                  help="what to measure (default: both)")
   p.add_argument("--ranks", type=int, nargs="+", default=[8],
                  help="virtual ranks per run in virtual mode (default: 8)")
+  p.add_argument("--gpus", type=int, nargs="+", default=None,
+                 help="GPU counts per run in local mode, meshes over the first N local GPUs "
+                      "(default: all of them)")
   p.add_argument("--sizes", type=parse_size, nargs="+", default=None,
                  help="message sizes per rank (default: 8 B .. 256 MiB and a few odd sizes)")
   p.add_argument("--dtypes", nargs="+", default=["float32"],
@@ -98,6 +102,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   for n in args.ranks:
     if not 1 <= n <= ext.max_ranks:
       p.error(f"--ranks must be in 1..{ext.max_ranks}, got {n}")
+  for n in args.gpus or ():
+    if not 2 <= n <= ext.max_ranks:
+      p.error(f"--gpus must be in 2..{ext.max_ranks}, got {n}")
   for name in ("chain", "iters", "reps"):
     if getattr(args, name) < 1:
       p.error(f"--{name} must be at least 1")
@@ -274,7 +281,25 @@ def bench_virtual(args, n: int, progress) -> list[dict]:
 
 # --- local mode --------------------------------------------------------------------------
 
-def bench_local(args, progress) -> list[dict]:
+def local_gpu_counts(args, available: int) -> list[int]:
+  """The GPU counts local mode measures: ``--gpus`` (those that exist), or all."""
+  if args.gpus is None:
+    return [available] if available >= 2 else []
+  return sorted({n for n in args.gpus if n <= available})
+
+
+def bench_local(args, progress, devices=None) -> list[dict]:
+  """Local mode on the first N of `devices` (default: the CUDA GPUs) for each
+  N of :func:`local_gpu_counts`."""
+  import jax
+  devices = jax.devices("cuda") if devices is None else devices
+  records = []
+  for n in local_gpu_counts(args, len(devices)):
+    records += _bench_local_mesh(args, progress, devices[:n])
+  return records
+
+
+def _bench_local_mesh(args, progress, gpus) -> list[dict]:
   import jax
   import numpy as np
   from jax.sharding import NamedSharding
@@ -283,7 +308,6 @@ def bench_local(args, progress) -> list[dict]:
   import jaxll
   from jaxll import algorithms
 
-  gpus = jax.devices("cuda")
   n = len(gpus)
   mesh = jax.make_mesh((n,), ("x",), devices=gpus)
   records = []
@@ -473,9 +497,13 @@ def main(argv=None) -> int:
     return 0
 
   n_virtual = len([a for a in args.algorithms if a != "xla"])
+  local_counts = local_gpu_counts(args, len(gpus))
+  if "local" in args.mode and not local_counts:
+    print(f"local mode: needs 2 or more GPUs ({'--gpus ' + str(args.gpus) if args.gpus else 'all'}"
+          f" of {len(gpus)} visible); skipped", flush=True)
   total = len(args.dtypes) * len(args.sizes) * (
       (len(args.ranks) * n_virtual if "virtual" in args.mode else 0)
-      + (len(args.algorithms) if "local" in args.mode else 0))
+      + (len(local_counts) * len(args.algorithms) if "local" in args.mode else 0))
   done = [0]
 
   def progress(rec):
@@ -493,7 +521,7 @@ def main(argv=None) -> int:
     for n in args.ranks:
       records += bench_virtual(args, n, progress)
   if "local" in args.mode:
-    records += bench_local(args, progress)
+    records += bench_local(args, progress, gpus)
   print(file=sys.stderr)
   summary = summarize(records, sol)
   print(format_table(records, sol))

@@ -172,3 +172,76 @@ def test_json_report(tmp_path):
   assert "json" not in doc["config"] and doc["config"]["sizes"] == bench.QUICK_SIZES
   assert doc["results"][0]["kernel_us"] == 2.5
   assert "oneshot_ll_kernel_vs_floor_plus_sol" in doc["summary"]
+
+
+def test_local_mode_meshes_over_the_first_n_devices(cpu_devices):
+  # local mode's logic on CPU devices (every call lowers to XLA there)
+  args = bench.parse_args(["--mode", "local", "--gpus", "4", "2", "16", "--sizes", "8", "4K",
+                           "--algorithms", "xla", "auto", "--chain", "2", "--reps", "1"])
+  assert bench.local_gpu_counts(args, 8) == [2, 4]  # 16 are not there
+  assert bench.local_gpu_counts(bench.parse_args([]), 8) == [8]
+  assert bench.local_gpu_counts(bench.parse_args([]), 1) == []
+  seen = []
+  records = bench.bench_local(args, seen.append, cpu_devices)
+  assert [(r["ranks"], r["bytes"], r["algorithm"]) for r in records] == [
+      (n, b, a) for n in (2, 4) for b in (8, 4096) for a in ("xla", "auto")]
+  assert len(seen) == len(records)
+  for r in records:
+    assert r["status"] == "ok" and r["path"] == "xla" and r["jit_us"] > 0
+    assert r["psum_jit_us"] > 0 and r["speedup_vs_psum"] == r["psum_jit_us"] / r["jit_us"]
+
+
+def test_gpus_argument_is_checked(capsys):
+  with pytest.raises(SystemExit):
+    bench.parse_args(["--gpus", "1"])
+  assert "--gpus must be in 2.." in capsys.readouterr().err
+
+
+def _local_sweep():
+  """Local-mode records: jitted per-call us of kernels and XLA on 8 and 2 GPUs."""
+  out = []
+  table = {8: {8: {"oneshot_ll": 9.0, "twoshot_sentinel": 12.0, "xla": 8.0},
+               4096: {"oneshot_ll": 9.5, "twoshot_sentinel": 12.5, "xla": 30.0},
+               1 << 20: {"oneshot_ll": 90.0, "twoshot_sentinel": 40.0, "xla": 45.0},
+               16 << 20: {"oneshot_ll": 900.0, "twoshot_sentinel": 300.0, "xla": 250.0},
+               256 << 20: {"oneshot_ll": 9000.0, "twoshot_sentinel": 4000.0, "xla": 2000.0}},
+           2: {8: {"oneshot_ll": 5.0, "xla": 20.0},
+               256 << 20: {"oneshot_ll": 1000.0, "xla": 1100.0}}}
+  for n, by_size in table.items():
+    for nbytes, times in by_size.items():
+      for algo, us in times.items():
+        out.append({"mode": "local", "ranks": n, "dtype": "float32", "bytes": nbytes,
+                    "algorithm": algo, "status": "ok", "jit_us": us, "path": algo})
+  return out
+
+
+def test_tune_auto_from_local_measures_the_crossover(tmp_path):
+  import os
+  import numpy as np
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+  try:
+    import tune_auto
+  finally:
+    sys.path.pop(0)
+  from jaxll import algorithms
+  above, warnings = tune_auto.measured_crossover(_local_sweep(), margin=0.05)
+  # N=8: XLA is fastest from 16 MiB on (and at 8 B, which is warned about)
+  assert above == {"8": int((1 << 20) * 4), "2": 1 << 62}
+  assert len(warnings) == 1 and warnings[0].startswith("N=8 float32 8 B")
+  src = tmp_path / "local.json"
+  src.write_text(json.dumps({"machine": {"gpu": "X", "gpu_count": 8}, "results": _local_sweep()}))
+  out = tmp_path / "table.json"
+  code = tune_auto.main([str(src), "--from-local", "--out", str(out)])
+  assert code == 0
+  table = json.loads(out.read_text())
+  assert table["xla_above_bytes"] == {"default": 1 << 20, "8": 4 << 20, "2": 1 << 62}
+  assert "crossover to XLA measured for N in [2, 8]" in table["source"]
+  algorithms.set_auto_table(table)
+  try:
+    f32 = np.dtype("float32")
+    assert algorithms.choose_auto(8, 4096, f32, "sum")[0] == "oneshot_ll"
+    assert algorithms.choose_auto(8, 1 << 20, f32, "sum")[0] == "twoshot_sentinel"
+    assert algorithms.choose_auto(8, 16 << 20, f32, "sum")[0] == "xla"
+    assert algorithms.choose_auto(2, 256 << 20, f32, "sum")[0] == "oneshot_ll"
+  finally:
+    algorithms.set_auto_table(None)
