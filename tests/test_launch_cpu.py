@@ -87,3 +87,116 @@ def test_mps_workers_get_few_work_queues(tmp_path, monkeypatch):
   assert w[0].result["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
   w = launch.run(str(script), 1, timeout=60, mps=False)
   assert w[0].result["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
+
+
+# --- the agreement protocol of workspaces spanning processes, with a fake store ---
+
+import threading  # noqa: E402
+import types  # noqa: E402
+
+
+class _Store:
+  """jax.distributed's key-value store, shared by the threads that play processes."""
+
+  def __init__(self):
+    self.data, self.cv = {}, threading.Condition()
+
+  def key_value_set(self, key, value):
+    with self.cv:
+      assert key not in self.data, f"{key} set twice"
+      self.data[key] = value
+      self.cv.notify_all()
+
+  key_value_set_bytes = key_value_set
+
+  def blocking_key_value_get(self, key, timeout_ms):
+    with self.cv:
+      if not self.cv.wait_for(lambda: key in self.data, timeout_ms / 1000):
+        raise TimeoutError(key)
+      return self.data[key]
+
+  blocking_key_value_get_bytes = blocking_key_value_get
+
+
+def _run_processes(monkeypatch, hosts, fail=None):
+  """Runs distributed.build for a group of one GPU per process (len(hosts)
+  processes, process p on host hosts[p]) in threads; `fail` = (step, process)
+  makes that process's create_comm ("build") or comm_connect ("connect") raise.
+  Returns per process: the result or the exception, and the comms it freed."""
+  store, local = _Store(), threading.local()
+
+  class PerProcess(dict):  # each process numbers its workspaces on its own
+    def get(self, key, default=None):
+      return local.generation.get(key, default)
+
+    def __setitem__(self, key, value):
+      local.generation[key] = value
+
+  monkeypatch.setattr(distributed, "_generation", PerProcess())
+  monkeypatch.setattr(distributed, "_client", lambda: store)
+  monkeypatch.setattr(distributed.socket, "gethostname", lambda: hosts[local.pid])
+  freed = {p: [] for p in range(len(hosts))}
+  calls = {}
+
+  def create_comm(groups, virtual, scratch, timeout_ms, max_blocks):
+    calls[local.pid] = max_blocks
+    if fail == ("build", local.pid):
+      raise RuntimeError("out of memory")
+    return 100 + local.pid
+
+  def comm_connect(comm, handles):
+    assert [h for g in handles for h in g if h] == [b"ipc%d" % p for p in range(len(hosts))
+                                                    if p != local.pid]
+    if fail == ("connect", local.pid):
+      raise RuntimeError("cudaIpcOpenMemHandle failed")
+
+  fake = types.SimpleNamespace(
+      device_uuid=lambda o: f"gpu-of-{hosts[local.pid]}",
+      device_block_bound=lambda o: 264, create_comm=create_comm,
+      comm_ipc_handles=lambda comm: [b"ipc%d" % local.pid], comm_connect=comm_connect,
+      free_comm=lambda comm: freed[local.pid].append(comm))
+  monkeypatch.setattr(distributed, "ext", fake)
+  devs = [types.SimpleNamespace(id=p, process_index=p, local_hardware_id=0)
+          for p in range(len(hosts))]
+  config = types.SimpleNamespace(scratch_bytes=1 << 20, timeout_ms=1000)
+  monkeypatch.setattr(distributed, "SETUP_TIMEOUT_MS", 5000)
+  out = {}
+
+  def one(p):
+    local.pid, local.generation = p, {}
+    try:
+      out[p] = distributed.build([devs], p, config)
+    except Exception as e:  # noqa: BLE001 (the test inspects it)
+      out[p] = e
+  threads = [threading.Thread(target=one, args=(p,)) for p in range(len(hosts))]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(30)
+  return out, freed, calls
+
+
+def test_processes_on_one_host_build_and_connect(monkeypatch):
+  out, freed, calls = _run_processes(monkeypatch, ["h", "h", "h"])
+  assert out[0] == (100, ((0, -1, -1),)) and out[2] == (102, ((-1, -1, 0),))
+  assert calls == {0: 88, 1: 88, 2: 88}  # 264 resident blocks shared by 3 ranks on one GPU
+  assert freed == {0: [], 1: [], 2: []}
+
+
+def test_group_spanning_hosts_is_refused_everywhere(monkeypatch):
+  out, freed, calls = _run_processes(monkeypatch, ["a", "a", "b"])
+  for p in range(3):
+    assert isinstance(out[p], distributed.DistributedSetupError)
+    assert "spans hosts (a, b)" in str(out[p])
+  assert calls == {}  # nothing was allocated
+
+
+@pytest.mark.parametrize("step", ["build", "connect"])
+def test_one_failure_fails_every_process_alike(monkeypatch, step):
+  out, freed, _ = _run_processes(monkeypatch, ["h", "h"], fail=(step, 1))
+  reasons = {str(out[p]) for p in range(2)}
+  assert len(reasons) == 1 and all(isinstance(out[p], distributed.DistributedSetupError)
+                                   for p in range(2))
+  assert f"{step} failed: process 1: " in reasons.pop()
+  # every comm that was created is freed again
+  assert freed == {0: [100], 1: [] if step == "build" else [101]}
