@@ -5,6 +5,11 @@ import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKS = os.path.join(HERE, "mp_scripts", "allreduce_checks.py")
+# environment of the GPU runs' workers (NVLink multicast stays off)
+GPU_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "NCCL_NVLS_ENABLE": "0",
+           "JAXLL_TIMEOUT_MS": "20000", "JAXLL_SETUP_TIMEOUT_MS": "120000", "XLA_FLAGS": ""}
+# seconds one run may take before its workers are killed and the test fails
+TIMEOUT = float(os.environ.get("JAXLL_MP_TEST_TIMEOUT", "500"))
 
 
 def verify(workers, min_cases: int) -> None:

@@ -6,19 +6,13 @@ across ranks) with 2, 4 and 8 GPUs, in three layouts: one process driving all
 of them, one process per GPU, and two processes driving half of them each.
 Skipped, with the reason, where fewer GPUs are visible. Marked ``gpu``."""
 
-import os
-
 import jax
 import pytest
 
 from jaxll import launch
-from mp_checks import CHECKS, describe, verify
+from mp_checks import CHECKS, GPU_ENV as ENV, TIMEOUT, describe, verify
 
 pytestmark = pytest.mark.gpu
-
-ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "NCCL_NVLS_ENABLE": "0",
-       "JAXLL_TIMEOUT_MS": "20000", "JAXLL_SETUP_TIMEOUT_MS": "120000", "XLA_FLAGS": ""}
-TIMEOUT = float(os.environ.get("JAXLL_MP_TEST_TIMEOUT", "500"))
 
 
 def _gpus(n):

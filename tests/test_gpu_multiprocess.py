@@ -4,22 +4,16 @@ whose memory is shared by CUDA IPC (tests/mp_scripts/allreduce_checks.py). With
 one GPU, all N processes share it (CUDA MPS is started when available).
 Marked ``gpu``."""
 
-import os
-
 import pytest
 
 from jaxll import launch
-from mp_checks import CHECKS, describe, verify
+from mp_checks import CHECKS, GPU_ENV, TIMEOUT, describe, verify
 
 pytestmark = pytest.mark.gpu
 
-ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "NCCL_NVLS_ENABLE": "0",
-       "JAXLL_TIMEOUT_MS": "20000", "JAXLL_SETUP_TIMEOUT_MS": "120000", "XLA_FLAGS": "",
-       # XLA's own all-reduce (NCCL) cannot run several ranks on one GPU, so auto
-       # must not hand large messages to it here
-       "JAXLL_AUTO_MAX_BYTES": str(1 << 40)}
-# seconds one run may take before its workers are killed and the test fails
-TIMEOUT = float(os.environ.get("JAXLL_MP_TEST_TIMEOUT", "500"))
+# XLA's own all-reduce (NCCL) cannot run several ranks on one GPU, so auto must
+# not hand large messages to it here
+ENV = dict(GPU_ENV, JAXLL_AUTO_MAX_BYTES=str(1 << 40))
 
 
 @pytest.fixture(scope="module")
