@@ -149,6 +149,8 @@ def test_launch_plan_invariants(name):
           if not oneshot:  # each owner's chunk of a round fits one region
             assert -(-min(p["span"], p["round_units"]) // nranks) <= per_region
           assert p["rounds"] == -(-p["span"] // p["round_units"])
+          last = units - (p["blocks"] - 1) * p["span"]  # the kernels read rounds from the plan
+          assert p["last_rounds"] == -(-last // p["round_units"]) >= 1
           assert p["threads"] % 32 == 0 and 32 <= p["threads"] <= 512
   assert ext.plan_all_reduce(code, 0, 4, 2, 4096, 8)["blocks"] == 0
 

@@ -44,6 +44,8 @@ __global__ void empty_kernel() {}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+constexpr int64_t kOneShotBlockUnits = 128;
+
 int64_t round_up32(int64_t v) { return (v + 31) / 32 * 32; }
 
 }  // namespace
@@ -77,7 +79,11 @@ LaunchPlan plan_all_reduce(Algorithm algorithm, int64_t count, int elem_bytes, i
     const int unit = s.proto == Proto::kLL ? 8 : 16;
     units = ceil_div(count * elem_bytes, unit);
     per_region = geo.region_bytes / unit;
-    target = kBlockThreads;  // one unit per thread
+    // One unit per thread. One-shot blocks take at most 128 units (4 warps, one
+    // per scheduler) until the grid reaches its bound: a small message then
+    // spreads over several SMs instead of queueing 16 warps' sends and polls
+    // on one (4 KiB at N=8 cost 1 us more than 8 B in one 512-thread block).
+    target = s.family == Family::kOneShot ? kOneShotBlockUnits : kBlockThreads;
   }
   const int64_t round_units = s.family == Family::kOneShot ? per_region : per_region * nranks;
   int64_t blocks = std::min(std::max<int64_t>(1, ceil_div(units, target)), cap);
@@ -98,26 +104,46 @@ LaunchPlan plan_all_reduce(Algorithm algorithm, int64_t count, int elem_bytes, i
   plan.span = span;
   plan.round_units = round_units;
   plan.rounds = ceil_div(span, round_units);
+  plan.last_rounds = ceil_div(units - (blocks - 1) * span, round_units);
   return plan;
 }
 
 bool has_kernel(Algorithm algorithm, DType dtype, ReduceOp op) {
   Shape s;
-  return shape_of(algorithm, &s) && table().find(s.family, s.proto, dtype, op) != nullptr;
+  return shape_of(algorithm, &s) && table().find(s.family, s.proto, dtype, op, 0) != nullptr;
 }
 
 cudaError_t launch_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op, const RankView& view,
                               const void* in, void* out, int64_t count, cudaStream_t stream) {
   Shape s;
   if (!shape_of(algorithm, &s)) return cudaErrorInvalidValue;
-  const void* fn = table().find(s.family, s.proto, dtype, op);
+  const void* fn = table().find(s.family, s.proto, dtype, op, view.nranks);
   if (fn == nullptr) return cudaErrorInvalidValue;
   const LaunchPlan plan =
       plan_all_reduce(algorithm, count, dtype_bytes(dtype), view.nranks, view.geo, view.max_blocks);
   if (plan.blocks == 0) return cudaErrorInvalidValue;
-  AllReduceArgs args{view, in, out, count, plan.units, plan.span, plan.round_units};
+  // With programmatic dependent launch a kernel may be scheduled while the one
+  // ahead of it on the stream still runs, so two of this rank's grids can be
+  // resident at once. That is safe where both fit beside every other rank's
+  // grid: only grids of at most half the co-residency bound take part (they
+  // launch early, and they let their successor launch early).
+  const bool pdl = view.pdl && 2 * plan.blocks <= view.max_blocks;
+  AllReduceArgs args{view, in, out, count, plan.units, plan.span, plan.round_units,
+                     static_cast<uint32_t>(plan.rounds), static_cast<uint32_t>(plan.last_rounds),
+                     pdl ? 1 : 0};
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(plan.blocks);
+  config.blockDim = dim3(plan.threads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  if (pdl) {
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
   void* params[] = {&args};
-  return cudaLaunchKernel(fn, dim3(plan.blocks), dim3(plan.threads), params, 0, stream);
+  return cudaLaunchKernelExC(&config, fn, params);
 }
 
 std::vector<const void*> all_kernel_functions() {

@@ -34,7 +34,8 @@ struct LaunchPlan {
   int64_t units = 0;        // transfer units of the message
   int64_t span = 0;         // units per block
   int64_t round_units = 0;  // most units per block and round
-  int64_t rounds = 0;       // rounds of the busiest block
+  int64_t rounds = 0;       // rounds of every block but the last (the most of any block)
+  int64_t last_rounds = 0;  // rounds of the last block
 };
 
 // Grid and round structure of an all-reduce of `count` elements of

@@ -21,10 +21,13 @@ struct AllReduceArgs {
   RankView view;
   const void* in;
   void* out;
-  int64_t count;        // elements per rank
-  int64_t units;        // transfer units in the message
-  int64_t span;         // units per block (the last block may have fewer, never zero)
-  int64_t round_units;  // most units one block moves in one round
+  int64_t count;         // elements per rank
+  int64_t units;         // transfer units in the message
+  int64_t span;          // units per block (the last block may have fewer, never zero)
+  int64_t round_units;   // most units one block moves in one round
+  uint32_t rounds;       // rounds of every block but the last (computed on the host)
+  uint32_t last_rounds;  // rounds of the last block
+  int trigger;           // let the stream's next kernel launch early (launch_order.cuh)
 };
 
 // This block's units [u0, u1) and its number of rounds.
@@ -36,8 +39,16 @@ __device__ __forceinline__ BlockShare block_share(const AllReduceArgs& a) {
   BlockShare s;
   s.u0 = static_cast<int64_t>(blockIdx.x) * a.span;
   s.u1 = min(a.units, s.u0 + a.span);
-  s.rounds = static_cast<uint32_t>((s.u1 - s.u0 + a.round_units - 1) / a.round_units);
+  s.rounds = blockIdx.x + 1 == gridDim.x ? a.last_rounds : a.rounds;
   return s;
+}
+
+// First thing every all-reduce kernel does: wait until the kernels ahead of it
+// on its stream are done (they may write its input and the workspace), then,
+// when the host allows it, let the next kernel of the stream be scheduled.
+__device__ __forceinline__ void collective_prologue(const AllReduceArgs& a) {
+  grid_dependency_wait();
+  if (a.trigger) allow_dependent_launch();
 }
 
 // Bytes per transfer unit of a protocol.
@@ -115,26 +126,49 @@ struct UnitAcc {
 };
 
 // One protocol's view of the scratch of one (phase, block, parity) for a round.
+// The layout is symmetric, so the region this rank writes on any peer sits at
+// the same offset (`send_off`) in every peer's workspace, and the regions it
+// reads, one per source, follow each other `stride` bytes apart from `recv`.
 //   prepare(v)                  what a value must become before it is sent
 //   send(owner, slot, v)        store v into rank `owner`'s region from this rank
 //   probe(src, slot, &v)        one load of this rank's region from `src`; true
 //                               when the value there is this round's
 //   release(src, slot)          make a slot that was read reusable
-//   recv(src, slot, ctx, &v)    wait (bounded) for the value, then release it
 template <Proto P, class T>
 struct Channel;
 
-template <class T>
-struct Channel<Proto::kLL, T> {
+struct ChannelPlace {
   const RankView& v;
-  int phase, block, parity;
-  uint32_t flag;
+  size_t send_off;   // byte offset of this rank's region in any owner's workspace
+  const char* recv;  // this rank's region for source 0
+  size_t stride;     // bytes between the regions of consecutive sources
+  uint32_t flag;     // low 32 bits of the round's epoch
+  __device__ __forceinline__ char* to(int owner) const { return v.peers.base[owner] + send_off; }
+  __device__ __forceinline__ const char* from(int src) const { return recv + src * stride; }
+};
+
+// The place of (phase, block, parity) in the double-buffered area at
+// `area_offset` with regions `stride` bytes apart.
+__device__ __forceinline__ ChannelPlace channel_place(const RankView& v, size_t area_offset,
+                                                      size_t stride, int phase, int block,
+                                                      int parity, uint64_t epoch) {
+  const size_t first = region_offset(v, area_offset, stride, phase, block, parity, 0);
+  return ChannelPlace{v, first + v.rank * stride, reinterpret_cast<const char*>(v.header) + first,
+                      stride, static_cast<uint32_t>(epoch)};
+}
+
+template <class T>
+struct Channel<Proto::kLL, T> : ChannelPlace {
+  __device__ __forceinline__ Channel(const RankView& v, int phase, int block, int parity,
+                                     uint64_t epoch)
+      : ChannelPlace(channel_place(v, v.geo.ll_offset, 2 * size_t{v.geo.region_bytes}, phase,
+                                   block, parity, epoch)) {}
   __device__ __forceinline__ Unit<8> prepare(Unit<8> u) const { return u; }
-  __device__ __forceinline__ void send(int owner, int64_t slot, const Unit<8>& u) const {
-    ll16_store(ll_region(v, owner, phase, block, parity, v.rank) + slot, u.p[0], flag);
+  __device__ __forceinline__ void send(int owner, int slot, const Unit<8>& u) const {
+    ll16_store(reinterpret_cast<LL16*>(to(owner)) + slot, u.p[0], flag);
   }
-  __device__ __forceinline__ bool probe(int src, int64_t slot, Unit<8>* u) const {
-    const uint4 q = ll16_load(ll_region(v, v.rank, phase, block, parity, src) + slot);
+  __device__ __forceinline__ bool probe(int src, int slot, Unit<8>* u) const {
+    const LL16Value q = ll16_load(reinterpret_cast<const LL16*>(from(src)) + slot);
     u->p[0] = ll16_payload(q);
     return ll16_ready(q, flag);
   }
@@ -142,106 +176,185 @@ struct Channel<Proto::kLL, T> {
 };
 
 template <class T>
-struct Channel<Proto::kSentinel, T> {
-  const RankView& v;
-  int phase, block, parity;
-  uint32_t flag;
+struct Channel<Proto::kSentinel, T> : ChannelPlace {
+  __device__ __forceinline__ Channel(const RankView& v, int phase, int block, int parity,
+                                     uint64_t epoch)
+      : ChannelPlace(channel_place(v, v.geo.sentinel_offset, v.geo.region_bytes, phase, block,
+                                   parity, epoch)) {}
   __device__ __forceinline__ Unit<16> prepare(Unit<16> u) const {
     u.p[0] = sentinel_canonicalize<T>(u.p[0]);
     u.p[1] = sentinel_canonicalize<T>(u.p[1]);
     return u;
   }
-  __device__ __forceinline__ void send(int owner, int64_t slot, const Unit<16>& u) const {
-    st_relaxed_v2u64(sentinel_region(v, owner, phase, block, parity, v.rank) + slot * 16, u.p[0],
-                     u.p[1]);
+  __device__ __forceinline__ void send(int owner, int slot, const Unit<16>& u) const {
+    st_relaxed_v2u64(to(owner) + slot * 16, u.p[0], u.p[1]);
   }
-  __device__ __forceinline__ bool probe(int src, int64_t slot, Unit<16>* u) const {
-    ld_relaxed_v2u64(sentinel_region(v, v.rank, phase, block, parity, src) + slot * 16, &u->p[0],
-                     &u->p[1]);
+  __device__ __forceinline__ bool probe(int src, int slot, Unit<16>* u) const {
+    ld_relaxed_v2u64(from(src) + slot * 16, &u->p[0], &u->p[1]);
     return !sentinel_present<T>(u->p[0]) && !sentinel_present<T>(u->p[1]);
   }
-  __device__ __forceinline__ void release(int src, int64_t slot) const {
-    st_relaxed_v2u64(sentinel_region(v, v.rank, phase, block, parity, src) + slot * 16,
-                     kSentinelWord, kSentinelWord);
+  __device__ __forceinline__ void release(int src, int slot) const {
+    st_relaxed_v2u64(const_cast<char*>(from(src)) + slot * 16, kSentinelWord, kSentinelWord);
   }
 };
 
+// Plain scratch of the barrier baselines: single-buffered, [phase][block][src].
 template <class T>
-struct Channel<Proto::kBarrier, T> {
-  const RankView& v;
-  int phase, block, parity;
-  uint32_t flag;
+struct Channel<Proto::kBarrier, T> : ChannelPlace {
+  __device__ __forceinline__ Channel(const RankView& v, int phase, int block, int,
+                                     uint64_t epoch)
+      : ChannelPlace{v,
+                     v.geo.plain_offset +
+                         ((static_cast<size_t>(phase) * v.geo.blocks + block) * v.geo.nranks +
+                          v.rank) * v.geo.region_bytes,
+                     reinterpret_cast<const char*>(v.header) + v.geo.plain_offset +
+                         (static_cast<size_t>(phase) * v.geo.blocks + block) * v.geo.nranks *
+                             v.geo.region_bytes,
+                     v.geo.region_bytes, static_cast<uint32_t>(epoch)} {}
   __device__ __forceinline__ Unit<16> prepare(Unit<16> u) const { return u; }
-  __device__ __forceinline__ void send(int owner, int64_t slot, const Unit<16>& u) const {
-    st_relaxed_v2u64(plain_region(v, owner, phase, block, v.rank) + slot * 16, u.p[0], u.p[1]);
+  __device__ __forceinline__ void send(int owner, int slot, const Unit<16>& u) const {
+    st_relaxed_v2u64(to(owner) + slot * 16, u.p[0], u.p[1]);
   }
-  __device__ __forceinline__ bool probe(int src, int64_t slot, Unit<16>* u) const {
-    ld_relaxed_v2u64(plain_region(v, v.rank, phase, block, src) + slot * 16, &u->p[0], &u->p[1]);
+  __device__ __forceinline__ bool probe(int src, int slot, Unit<16>* u) const {
+    ld_relaxed_v2u64(from(src) + slot * 16, &u->p[0], &u->p[1]);
     return true;  // a barrier already ordered the data before this read
   }
   __device__ __forceinline__ void release(int, int64_t) const {}
 };
 
+// Peer k of this rank (k = 1..n-1), starting with the next rank so that ranks
+// spread their first stores.
+__device__ __forceinline__ int peer_at(int rank, int k, int n) {
+  return rank + k < n ? rank + k : rank + k - n;
+}
+
+// Waits (bounded) for one source's value at `slot`, then releases the slot.
 template <Proto P, class T, int W>
-__device__ __forceinline__ bool channel_recv(const Channel<P, T>& ch, int src, int64_t slot,
-                                             const WaitContext& ctx, Unit<W>* u) {
-  const bool ok = bounded_wait(ctx, static_cast<uint32_t>(src), [&] { return ch.probe(src, slot, u); });
+__device__ __forceinline__ bool channel_recv(const Channel<P, T>& ch, int src, int slot,
+                                             Unit<W>* u) {
+  bool ok = ch.probe(src, slot, u);
+  if (!ok) {
+    const WaitContext ctx = wait_context(ch.v, ch.flag);
+    ok = bounded_wait(ctx, static_cast<uint32_t>(src), [&] { return ch.probe(src, slot, u); });
+  }
   if (ok) ch.release(src, slot);
   return ok;
 }
 
-// Folds slot `slot` of every source's region into `acc` in rank order 0..n-1,
-// with `own()` standing in for this rank. Sources are read in batches whose
-// loads are issued together, so the data of a batch costs one memory round
-// trip rather than one per source. False when a wait gave up.
-template <Proto P, class T, class Op, int W, class Own>
-__device__ __forceinline__ bool reduce_sources(const Channel<P, T>& ch, int n, int64_t slot,
-                                               const WaitContext& ctx, Own&& own,
-                                               UnitAcc<T, Op, W>* acc) {
-  constexpr int kBatch = W == 8 ? 4 : 2;  // bounded by register pressure
+// Folds the values at `slot` of sources s0 .. s0+B-1 (those below n) into
+// `acc` in rank order, `own` standing in for this rank. The loads of all B
+// sources are issued together, and sources not ready at the first look are
+// polled together in one bounded loop, so a batch costs about one memory round
+// trip after the last peer's data lands. False when the wait gave up (the
+// timeout is recorded; see spin_wait.cuh).
+template <int B, Proto P, class T, class Op, int W>
+__device__ __forceinline__ bool reduce_batch(const Channel<P, T>& ch, int s0, int n, int slot,
+                                             const Unit<W>& own, UnitAcc<T, Op, W>* acc) {
   const int rank = ch.v.rank;
-  for (int s0 = 0; s0 < n; s0 += kBatch) {
-    Unit<W> val[kBatch];
-    bool ready[kBatch];
+  Unit<W> val[B];
+  bool ready[B];
+  bool all = true;
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int src = s0 + j;
-      ready[j] = src < n && src != rank && ch.probe(src, slot, &val[j]);
-    }
+  for (int j = 0; j < B; ++j) {
+    const int s = s0 + j;
+    ready[j] = true;
+    if (s < n) ready[j] = ch.probe(s, slot, &val[j]) || s == rank;
+    all = all && ready[j];
+  }
+  if (!all) {
+    const WaitContext ctx = wait_context(ch.v, ch.flag);
+    const uint64_t start = globaltimer_ns();
+    for (uint32_t spins = 1;; ++spins) {
+      all = true;
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int src = s0 + j;
-      if (src >= n) break;
-      if (src == rank) {
-        val[j] = own();
-      } else if (ready[j]) {
-        ch.release(src, slot);
-      } else if (!channel_recv<P, T, W>(ch, src, slot, ctx, &val[j])) {
-        return false;
+      for (int j = 0; j < B; ++j) {
+        if (!ready[j]) ready[j] = ch.probe(s0 + j, slot, &val[j]);
+        all = all && ready[j];
       }
-      if (src == 0) acc->init(val[j]); else acc->add(val[j]);
+      if (all) break;
+      if ((spins & 255u) == 0) {
+        if (error_raised(ctx)) return false;
+        if (globaltimer_ns() - start > ctx.timeout_ns) {
+          int late = s0;
+#pragma unroll
+          for (int j = B - 1; j >= 0; --j) late = ready[j] ? late : s0 + j;
+          report_timeout(ctx, static_cast<uint32_t>(late));
+          return false;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < B; ++j) {
+    const int s = s0 + j;
+    if (s < n) {
+      if (s != rank) ch.release(s, slot);
+      const Unit<W> u = s == rank ? own : val[j];
+      if (s == 0) acc->init(u); else acc->add(u);
     }
   }
   return true;
 }
 
-// LL16 only: when due, rewrites every slot this rank sends to at `parity` (both
-// phases, every peer) with an old flag, so no 32-bit flag ages to alias the
-// current epoch. Every thread of the block must call it.
-__device__ inline void ll_refresh_if_due(const RankView& v, uint64_t epoch, int parity,
-                                         uint64_t* refreshed) {
-  if (!ll16_refresh_due(epoch, refreshed[parity])) return;
+// Sources whose loads one batch issues together: bounded by the registers the
+// values in flight take (a thread has 64; see kMinBlocksPerSM). Batches of 8
+// spilled to local memory on sm_90 and measured slower than two batches of 4.
+template <int NR>
+__host__ __device__ constexpr int reduce_batch_size() {
+  return NR > 0 && NR < 4 ? NR : 4;
+}
+
+// The reduction of slot `slot` over all n sources in rank order 0..n-1 (so
+// every rank gets bitwise identical results), `own` standing in for this rank.
+// NR > 0: the group size is the compile-time NR (batches unroll completely);
+// NR == 0: any n. False when a wait gave up.
+template <int NR, Proto P, class T, class Op, int W>
+__device__ __forceinline__ bool reduce_slot(const Channel<P, T>& ch, int n, int slot,
+                                            const Unit<W>& own, Unit<W>* out) {
+  constexpr int B = reduce_batch_size<NR>();
+  UnitAcc<T, Op, W> acc;
+  if constexpr (NR == 1) {
+    acc.init(own);  // a group of one: nothing to read
+  } else if constexpr (NR > 0) {
+#pragma unroll
+    for (int s0 = 0; s0 < NR; s0 += B)
+      if (!reduce_batch<B>(ch, s0, NR, slot, own, &acc)) return false;
+  } else {
+#pragma unroll 1
+    for (int s0 = 0; s0 < n; s0 += B)
+      if (!reduce_batch<B>(ch, s0, n, slot, own, &acc)) return false;
+  }
+  *out = acc.result();
+  return true;
+}
+
+// Sends `u` to slot `slot` of every peer, next rank first.
+template <int NR, Proto P, class T, int W>
+__device__ __forceinline__ void send_to_peers(const Channel<P, T>& ch, int n, int slot,
+                                              const Unit<W>& u) {
+  const int rank = ch.v.rank;
+  if constexpr (NR > 0) {
+#pragma unroll
+    for (int k = 1; k < NR; ++k) ch.send(peer_at(rank, k, NR), slot, u);
+  } else {
+#pragma unroll 1
+    for (int k = 1; k < n; ++k) ch.send(peer_at(rank, k, n), slot, u);
+  }
+}
+
+// LL16 only, at the epochs where ll16_refresh_due() holds: rewrites every slot
+// this rank sends to at `parity` (both phases, every peer) with an old flag, so
+// no 32-bit flag ages into aliasing. Every thread of the block must call it.
+__device__ __forceinline__ void ll_refresh(const RankView& v, uint64_t epoch, int parity) {
   const uint32_t old_flag = static_cast<uint32_t>(epoch - 2);
-  const int64_t slots = v.geo.region_bytes / 8;
+  const int slots = v.geo.region_bytes / 8;
   for (int phase = 0; phase < kPhases; ++phase)
     for (int k = 1; k < v.nranks; ++k) {
-      const int peer = (v.rank + k) % v.nranks;
-      LL16* r = ll_region(v, peer, phase, blockIdx.x, parity, v.rank);
+      LL16* r = ll_region(v, peer_at(v.rank, k, v.nranks), phase, blockIdx.x, parity, v.rank);
       for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) ll16_store(r + s, 0ull, old_flag);
     }
   fence_sys();
   __syncthreads();
-  refreshed[parity] = epoch;
 }
 
 // Ends a round that another round of this block follows: sentinel and atomic

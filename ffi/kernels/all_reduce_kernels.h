@@ -18,40 +18,58 @@ namespace jaxll {
 enum class Family { kOneShot, kTwoShot, kTwoShotAtomic };
 enum class Proto { kLL, kSentinel, kBarrier };
 
+// Group sizes with kernels compiled for exactly that many ranks (their loops
+// over peers unroll); every other size uses the NR = 0 instance (any n). One
+// rank is a group too: a forced kernel on a one-device mesh runs it.
+constexpr int kSpecializedRanks[] = {1, 2, 4, 8};
+constexpr int kRankVariants = 1 + static_cast<int>(sizeof(kSpecializedRanks) / sizeof(int));
+
+// Index of the rank-count variant for a compile-time NR (0 = any n).
+constexpr int rank_variant(int nr) {
+  for (int i = 0; i < kRankVariants - 1; ++i)
+    if (kSpecializedRanks[i] == nr) return i + 1;
+  return 0;
+}
+
 struct KernelEntry {
   Family family;
   Proto proto;
   DType dtype;
   ReduceOp op;
+  int ranks;  // compiled for exactly this group size; 0 = any
   const void* fn;
 };
 
-// Kernels indexed by (family, protocol, dtype, op): a lookup per launch is one
-// array read.
+// Kernels indexed by (family, protocol, dtype, op, rank-count variant): a
+// lookup per launch is one array read.
 class KernelTable {
  public:
-  void add(Family f, Proto p, DType d, ReduceOp o, const void* fn) {
-    entries_.push_back({f, p, d, o, fn});
-    slots_[slot(f, p, d, o)] = fn;
+  void add(Family f, Proto p, DType d, ReduceOp o, int ranks, const void* fn) {
+    entries_.push_back({f, p, d, o, ranks, fn});
+    slots_[slot(f, p, d, o, rank_variant(ranks))] = fn;
   }
-  const void* find(Family f, Proto p, DType d, ReduceOp o) const {
-    const int i = slot(f, p, d, o);
-    return i < 0 ? nullptr : slots_[i];
+  // The kernel for a group of `nranks`: its own instance where one is
+  // compiled, else the one for any group size (nullptr if neither exists).
+  const void* find(Family f, Proto p, DType d, ReduceOp o, int nranks) const {
+    const int i = slot(f, p, d, o, rank_variant(nranks));
+    if (i >= 0 && slots_[i] != nullptr) return slots_[i];
+    const int any = slot(f, p, d, o, 0);
+    return any < 0 ? nullptr : slots_[any];
   }
   const std::vector<KernelEntry>& entries() const { return entries_; }
 
  private:
   static constexpr int kFamilies = 3, kProtos = 3, kDTypes = 4, kOps = 3;
-  static int slot(Family f, Proto p, DType d, ReduceOp o) {
+  static int slot(Family f, Proto p, DType d, ReduceOp o, int variant) {
     const int fi = static_cast<int>(f), pi = static_cast<int>(p);
     const int di = static_cast<int>(d), oi = static_cast<int>(o);
     if (fi < 0 || fi >= kFamilies || pi < 0 || pi >= kProtos || di < 0 || di >= kDTypes ||
-        oi < 0 || oi >= kOps)
+        oi < 0 || oi >= kOps || variant < 0 || variant >= kRankVariants)
       return -1;
-    return ((fi * kProtos + pi) * kDTypes + di) * kOps + oi;
+    return (((fi * kProtos + pi) * kDTypes + di) * kOps + oi) * kRankVariants + variant;
   }
   std::vector<KernelEntry> entries_;
-  const void* slots_[kFamilies * kProtos * kDTypes * kOps] = {};
+  const void* slots_[kFamilies * kProtos * kDTypes * kOps * kRankVariants] = {};
 };
 
 void register_oneshot_kernels(KernelTable& t);
@@ -92,14 +110,19 @@ struct ProtoTag {
 
 // The (protocol, dtype, op) combinations the one-shot and two-shot families
 // compile: LL16 for every dtype and op, sentinel for the float dtypes and every
-// op, the barrier baselines for sum. `Kernel<P, T, Op>::fn()` names the instance.
-template <template <Proto, class, class> class Kernel>
+// op, the barrier baselines for sum; each for any group size and for each of
+// kSpecializedRanks. `Kernel<P, T, Op, NR>::fn()` names the instance.
+template <template <Proto, class, class, int> class Kernel>
 void register_family(KernelTable& t, Family f) {
   auto one = [&](auto proto, auto dtype, auto op) {
     using T = typename decltype(dtype)::type;
     using Op = typename decltype(op)::type;
     constexpr Proto P = decltype(proto)::value;
-    t.add(f, P, dtype_of<T>(), op_of<Op>(), Kernel<P, T, Op>::fn());
+    t.add(f, P, dtype_of<T>(), op_of<Op>(), 0, Kernel<P, T, Op, 0>::fn());
+    t.add(f, P, dtype_of<T>(), op_of<Op>(), 1, Kernel<P, T, Op, 1>::fn());
+    t.add(f, P, dtype_of<T>(), op_of<Op>(), 2, Kernel<P, T, Op, 2>::fn());
+    t.add(f, P, dtype_of<T>(), op_of<Op>(), 4, Kernel<P, T, Op, 4>::fn());
+    t.add(f, P, dtype_of<T>(), op_of<Op>(), 8, Kernel<P, T, Op, 8>::fn());
   };
   auto ops = [&](auto proto, auto dtype) {
     one(proto, dtype, TypeTag<SumOp>{});

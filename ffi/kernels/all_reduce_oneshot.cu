@@ -14,16 +14,19 @@
 namespace jaxll {
 namespace {
 
-template <Proto P, class T, class Op>
-__global__ void __launch_bounds__(kBlockThreads) oneshot_kernel(AllReduceArgs a) {
+// NR > 0: compiled for groups of exactly NR ranks (loops over peers unroll);
+// NR == 0: any group size.
+template <Proto P, class T, class Op, int NR>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) oneshot_kernel(AllReduceArgs a) {
   constexpr int W = unit_bytes<P>();
   const RankView& v = a.view;
   const int rank = v.rank;
-  const int n = v.nranks;
+  const int n = NR > 0 ? NR : v.nranks;
   const T* x = static_cast<const T*>(a.in);
   T* y = static_cast<T*>(a.out);
   const bool vec = ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) % W) == 0;
   const BlockShare share = block_share(a);
+  collective_prologue(a);
 
   // The thread's first unit is loaded before the epoch handshake, so the two
   // memory round trips overlap (most small calls have one unit per thread).
@@ -38,51 +41,58 @@ __global__ void __launch_bounds__(kBlockThreads) oneshot_kernel(AllReduceArgs a)
     poison_units<T, W>(y, share.u0, share.u1, a.count, vec);
     return;
   }
-  uint64_t refreshed[2] = {bs.ll_refreshed[0], bs.ll_refreshed[1]};
   bool ok = true;
   for (uint32_t r = 0; r < share.rounds; ++r) {
     const uint64_t epoch = bs.epoch + r;
     const int parity = static_cast<int>(epoch & 1);
     const int64_t r0 = share.u0 + static_cast<int64_t>(r) * a.round_units;
-    const int64_t r1 = min(share.u1, r0 + a.round_units);
-    const Channel<P, T> ch{v, 0, static_cast<int>(blockIdx.x), parity, static_cast<uint32_t>(epoch)};
-    const WaitContext ctx = wait_context(v, epoch);
-    if constexpr (P == Proto::kLL) ll_refresh_if_due(v, epoch, parity, refreshed);
-    if constexpr (P == Proto::kBarrier) ok = flag_barrier(v, barrier_value(epoch, 0), ctx) && ok;
-
-    // Push, starting with the next rank so ranks spread their first stores.
-    for (int64_t u = r0 + threadIdx.x; u < r1; u += blockDim.x) {
-      const Unit<W> val =
-          ch.prepare((r == 0 && u == first) ? first_value : load_unit<T, W>(x, u, a.count, vec));
-      for (int k = 1; k < n; ++k) ch.send(rank + k < n ? rank + k : rank + k - n, u - r0, val);
+    const int len = static_cast<int>(min(share.u1 - r0, a.round_units));
+    const Channel<P, T> ch(v, 0, static_cast<int>(blockIdx.x), parity, epoch);
+    if constexpr (P == Proto::kLL) {
+      if (ll16_refresh_due(epoch)) ll_refresh(v, epoch, parity);
     }
-    if constexpr (P == Proto::kBarrier) ok = flag_barrier(v, barrier_value(epoch, 1), ctx) && ok;
+    if constexpr (P == Proto::kBarrier) ok = flag_barrier(v, barrier_value(epoch, 0), wait_context(v, epoch)) && ok;
 
-    for (int64_t u = r0 + threadIdx.x; u < r1; u += blockDim.x) {
-      UnitAcc<T, Op, W> acc;
-      if (ok) {
-        ok = reduce_sources(ch, n, u - r0, ctx, [&] {
-          return ch.prepare((r == 0 && u == first) ? first_value : load_unit<T, W>(x, u, a.count, vec));
-        }, &acc);
+    if (P != Proto::kBarrier && len <= static_cast<int>(blockDim.x)) {
+      // One unit per thread (every small message): push it, then reduce it
+      // with the value already in registers.
+      const int i = threadIdx.x;
+      if (i < len) {
+        const Unit<W> own =
+            ch.prepare(r == 0 ? first_value : load_unit<T, W>(x, r0 + i, a.count, vec));
+        send_to_peers<NR>(ch, n, i, own);
+        Unit<W> res;
+        if (ok) ok = reduce_slot<NR, P, T, Op, W>(ch, n, i, own, &res);
+        store_unit<T, W>(y, r0 + i, a.count, vec, ok ? res : poison_unit<W>());
       }
-      store_unit<T, W>(y, u, a.count, vec, ok ? acc.result() : poison_unit<W>());
+    } else {
+      // Several units per thread: push them all, then reduce them all.
+      for (int i = threadIdx.x; i < len; i += blockDim.x) {
+        const Unit<W> val = ch.prepare((r == 0 && i == static_cast<int>(threadIdx.x))
+                                           ? first_value
+                                           : load_unit<T, W>(x, r0 + i, a.count, vec));
+        send_to_peers<NR>(ch, n, i, val);
+      }
+      if constexpr (P == Proto::kBarrier) ok = flag_barrier(v, barrier_value(epoch, 1), wait_context(v, epoch)) && ok;
+      for (int i = threadIdx.x; i < len; i += blockDim.x) {
+        const Unit<W> own = ch.prepare((r == 0 && i == static_cast<int>(threadIdx.x))
+                                           ? first_value
+                                           : load_unit<T, W>(x, r0 + i, a.count, vec));
+        Unit<W> res;
+        if (ok) ok = reduce_slot<NR, P, T, Op, W>(ch, n, i, own, &res);
+        store_unit<T, W>(y, r0 + i, a.count, vec, ok ? res : poison_unit<W>());
+      }
     }
     if (r + 1 < share.rounds && round_boundary(ok)) {
-      poison_units<T, W>(y, r1, share.u1, a.count, vec);
+      poison_units<T, W>(y, r0 + len, share.u1, a.count, vec);
       return;
-    }
-  }
-  if constexpr (P == Proto::kLL) {
-    if (threadIdx.x == 0) {
-      v.header->ll_refreshed[blockIdx.x][0] = refreshed[0];
-      v.header->ll_refreshed[blockIdx.x][1] = refreshed[1];
     }
   }
 }
 
-template <Proto P, class T, class Op>
+template <Proto P, class T, class Op, int NR>
 struct OneShotKernel {
-  static const void* fn() { return reinterpret_cast<const void*>(&oneshot_kernel<P, T, Op>); }
+  static const void* fn() { return reinterpret_cast<const void*>(&oneshot_kernel<P, T, Op, NR>); }
 };
 
 }  // namespace

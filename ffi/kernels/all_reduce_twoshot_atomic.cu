@@ -71,7 +71,7 @@ __device__ __forceinline__ uint4 canonical_16(uint4 q) {
 }
 
 template <class T>
-__global__ void __launch_bounds__(kBlockThreads) twoshot_atomic_kernel(AllReduceArgs a) {
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) twoshot_atomic_kernel(AllReduceArgs a) {
   using S = LineSlice<T>;
   const RankView& v = a.view;
   const int rank = v.rank;
@@ -84,6 +84,7 @@ __global__ void __launch_bounds__(kBlockThreads) twoshot_atomic_kernel(AllReduce
   const int b = static_cast<int>(blockIdx.x);
   const BlockShare share = block_share(a);
   const uint4 poison = make_uint4(~0u, ~0u, ~0u, ~0u);
+  collective_prologue(a);
 
   const BlockStart bs = block_begin(v, share.rounds);
   if (bs.had_error) {
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(kBlockThreads) twoshot_atomic_kernel(AllReduce
     // then, once those adds are ordered, count this rank in.
     for (int64_t i = group; i < n * c; i += groups) {
       const int k = static_cast<int>(i / c);
-      const int owner = rank + k < n ? rank + k : rank + k - n;
+      const int owner = peer_at(rank, k, n);
       const int64_t t = i - k * c;
       const int64_t line = r0 + owner * c + t;
       const uint4 q = line < r1 ? S::load(x, line, lane, a.count) : make_uint4(0, 0, 0, 0);
@@ -117,7 +118,7 @@ __global__ void __launch_bounds__(kBlockThreads) twoshot_atomic_kernel(AllReduce
     if (lane == 7) {
       for (int64_t i = group; i < n * c; i += groups) {
         const int k = static_cast<int>(i / c);
-        const int owner = rank + k < n ? rank + k : rank + k - n;
+        const int owner = peer_at(rank, k, n);
         const int64_t t = i - k * c;
         red_add_16<T>(atomic_region(v, owner, b, parity) + t * kLineBytes + 7 * 16, one);
       }
@@ -138,10 +139,10 @@ __global__ void __launch_bounds__(kBlockThreads) twoshot_atomic_kernel(AllReduce
         st_relaxed_16(line_base + lane * 16, make_uint4(0, 0, 0, 0));
         if (lane == 7) q.w &= ~counter_mask<T>();
         q = canonical_16<T>(q);
-        for (int k = 1; k < n; ++k) {
-          const int peer = rank + k < n ? rank + k : rank + k - n;
-          st_relaxed_16(sentinel_region(v, peer, 1, b, parity, rank) + t * kLineBytes + lane * 16, q);
-        }
+        for (int k = 1; k < n; ++k)
+          st_relaxed_16(sentinel_region(v, peer_at(rank, k, n), 1, b, parity, rank) +
+                            t * kLineBytes + lane * 16,
+                        q);
       }
       const int64_t line = r0 + rank * c + t;
       if (line < r1) S::store(y, line, lane, a.count, q);
@@ -150,7 +151,7 @@ __global__ void __launch_bounds__(kBlockThreads) twoshot_atomic_kernel(AllReduce
     // All-gather: the other owners' sums, through sentinel scratch.
     for (int64_t i = group; i < (n - 1) * c; i += groups) {
       const int k = static_cast<int>(i / c) + 1;
-      const int owner = rank + k < n ? rank + k : rank + k - n;
+      const int owner = peer_at(rank, k, n);
       const int64_t t = i - (k - 1) * c;
       char* p = sentinel_region(v, rank, 1, b, parity, owner) + t * kLineBytes + lane * 16;
       uint64_t lo = 0, hi = 0;
@@ -176,7 +177,7 @@ __global__ void __launch_bounds__(kBlockThreads) twoshot_atomic_kernel(AllReduce
 
 template <class T>
 void add(KernelTable& t) {
-  t.add(Family::kTwoShotAtomic, Proto::kSentinel, dtype_of<T>(), ReduceOp::kSum,
+  t.add(Family::kTwoShotAtomic, Proto::kSentinel, dtype_of<T>(), ReduceOp::kSum, 0,
         reinterpret_cast<const void*>(&twoshot_atomic_kernel<T>));
 }
 

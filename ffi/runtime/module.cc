@@ -150,12 +150,12 @@ NB_MODULE(_jaxll, m) {
     return out;
   }, "id"_a, "Errors recorded by the comm's kernels: (group, rank, ordinal, word, message).");
 
-  m.def("set_epochs", [](int64_t id, uint64_t epoch, uint64_t refreshed) {
+  m.def("set_epochs", [](int64_t id, uint64_t epoch) {
     Comm& c = get_comm(id);
     nb::gil_scoped_release release;
-    c.set_epochs(epoch, refreshed);
-  }, "id"_a, "epoch"_a, "refreshed"_a,
-        "Testing hook: sets every block's epoch and LL16 refresh record (devices idle).");
+    c.set_epochs(epoch);
+  }, "id"_a, "epoch"_a,
+        "Testing hook: sets every block's epoch, as if that many rounds had run (devices idle).");
 
   m.def("free_comm", [](int64_t id) {
     nb::gil_scoped_release release;
@@ -187,6 +187,7 @@ NB_MODULE(_jaxll, m) {
     d["span"] = p.span;
     d["round_units"] = p.round_units;
     d["rounds"] = p.rounds;
+    d["last_rounds"] = p.last_rounds;
     return d;
   }, "algorithm"_a, "count"_a, "elem_bytes"_a, "nranks"_a, "region_bytes"_a, "max_blocks"_a,
         "Grid and rounds of an all-reduce (blocks == 0: it cannot run).");

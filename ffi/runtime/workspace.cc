@@ -6,6 +6,8 @@
 #include <atomic>
 #include <mutex>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <stdexcept>
 #include <vector>
 
@@ -54,6 +56,22 @@ int min_blocks_per_sm() {
     best = std::min(best, blocks);
   }
   return best == (1 << 30) ? 1 : std::max(best, 1);
+}
+
+// Whether collective kernels on device `ordinal` launch with programmatic
+// dependent launch: JAXLL_PDL=0 turns it off, 1 (the default) on where the
+// device supports it (compute capability 9.0 and newer).
+bool use_pdl(int ordinal) {
+  const char* env = std::getenv("JAXLL_PDL");
+  const std::string want = env ? env : "";
+  if (!want.empty() && want != "0" && want != "1") {
+    throw std::runtime_error("JAXLL_PDL must be 0 or 1, got '" + want + "'");
+  }
+  if (want == "0") return false;
+  int major = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal),
+             "querying the compute capability");
+  return major >= 9;
 }
 
 }  // namespace
@@ -297,6 +315,7 @@ void Comm::connect(const std::vector<std::vector<std::string>>& handles) {
       v.rank = rk->rank;
       v.nranks = static_cast<int>(n);
       v.max_blocks = max_blocks_;
+      v.pdl = use_pdl(rk->ordinal) ? 1 : 0;
       v.timeout_ns = config_.timeout_ms * 1000000ull;
       check_cuda(cudaMemcpy(rk->base, &header, sizeof(header), cudaMemcpyHostToDevice),
                  "writing the header of " + where(*rk));
@@ -315,13 +334,10 @@ Rank* Comm::rank_for_ordinal(int ordinal) const {
   return nullptr;
 }
 
-void Comm::set_epochs(uint64_t epoch, uint64_t refreshed) {
+void Comm::set_epochs(uint64_t epoch) {
   DeviceGuard guard;
   WorkspaceHeader h{};
-  for (int b = 0; b < kMaxBlocks; ++b) {
-    h.epochs[b] = epoch;
-    h.ll_refreshed[b][0] = h.ll_refreshed[b][1] = refreshed;
-  }
+  for (int b = 0; b < kMaxBlocks; ++b) h.epochs[b] = epoch;
   // Scratch as that history would have left it: every LL16 slot carries the
   // last epoch's flag, every barrier flag the last barrier's value.
   const size_t ll_words = (geo_.sentinel_offset - geo_.ll_offset) / 4;
@@ -336,9 +352,6 @@ void Comm::set_epochs(uint64_t epoch, uint64_t refreshed) {
       char* base = static_cast<char*>(r->base);
       check_cuda(cudaMemcpy(base + offsetof(WorkspaceHeader, epochs), h.epochs, sizeof(h.epochs),
                             cudaMemcpyHostToDevice),
-                 "setting epochs");
-      check_cuda(cudaMemcpy(base + offsetof(WorkspaceHeader, ll_refreshed), h.ll_refreshed,
-                            sizeof(h.ll_refreshed), cudaMemcpyHostToDevice),
                  "setting epochs");
       check_cuda(cudaMemcpy(base + geo_.ll_offset, ll.data(), ll_words * 4, cudaMemcpyHostToDevice),
                  "setting LL16 flags");

@@ -77,10 +77,10 @@ class Comm {
   cudaEvent_t fork_event() const { return fork_; }
 
   // Testing hook: waits for the comm's devices to go idle, then sets every
-  // block's epoch of every rank to `epoch` and its LL16 refresh record to
-  // `refreshed` (both parities), as if that many rounds had run. Lets tests
-  // cross the 32-bit flag wrap and the LL16 refresh without 2^30 calls.
-  void set_epochs(uint64_t epoch, uint64_t refreshed);
+  // block's epoch of every rank to `epoch`, as if that many rounds had run (every
+  // LL16 slot carrying that epoch's flag). Lets tests cross the 32-bit flag wrap
+  // and the LL16 refresh (every 2^30 epochs) without 2^30 calls.
+  void set_epochs(uint64_t epoch);
 
   // Error word of a rank as last written by its kernels (0: none).
   uint64_t error_word(const Rank& r) const;

@@ -10,12 +10,14 @@
 //   rank_view.h         a kernel's view of its rank (peer table, geometry, deadline)
 //   rank_view.cuh       scratch regions, per-block epochs and LL16 waits over it
 //   flag_barrier.cuh    an explicit cross-rank flag barrier (for baselines)
+//   launch_order.cuh    programmatic dependent launch: wait for / release the next kernel
 //   elements.cuh        element types, reduction operators, packet I/O
 #pragma once
 
 #include "jaxll/elements.cuh"
 #include "jaxll/error_word.h"
 #include "jaxll/flag_barrier.cuh"
+#include "jaxll/launch_order.cuh"
 #include "jaxll/ll128_atomic.cuh"
 #include "jaxll/ll_packet.cuh"
 #include "jaxll/memory_ops.cuh"

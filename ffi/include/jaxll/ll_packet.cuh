@@ -1,10 +1,13 @@
 // LL16 packets: 8 bytes of payload that carry their own readiness.
 //
-// A packet is {data_lo, flag, data_hi, flag}, written by one aligned 16-byte
-// relaxed system-scope store. The reader polls its local copy until both flag
-// words equal the epoch it expects; since the flag travels in the same store as
-// the data, no fence and no separate signal are needed, and because the epoch
-// changes on every round the slot never has to be reset.
+// A packet is two 8-byte words {data_lo | flag << 32, data_hi | flag << 32},
+// written by one aligned 16-byte relaxed system-scope store. The reader polls
+// its local copy until the flag half of both words equals the epoch it
+// expects. Each word is accessed as one aligned 64-bit element
+// (`st/ld.relaxed.sys.v2.u64`), which the PTX memory model makes single-copy
+// atomic, so a word whose flag is current also carries that round's data half:
+// the two-flag check is sufficient, with no fence and no separate signal, and
+// because the epoch changes on every round the slot never has to be reset.
 #pragma once
 
 #include <cstdint>
@@ -14,47 +17,51 @@
 namespace jaxll {
 
 struct alignas(16) LL16 {
-  uint32_t data_lo;
-  uint32_t flag0;
-  uint32_t data_hi;
-  uint32_t flag1;
+  uint64_t lo;  // data bits 0-31 | flag << 32
+  uint64_t hi;  // data bits 32-63 | flag << 32
 };
 static_assert(sizeof(LL16) == kLLPacketBytes, "LL16 must be 16 bytes");
 
+// A packet as loaded: both words.
+struct LL16Value {
+  uint64_t lo, hi;
+};
+
 // Writes `payload` with `flag` into `dst` (local or a peer's memory) in one store.
 __device__ __forceinline__ void ll16_store(LL16* dst, uint64_t payload, uint32_t flag) {
-  asm volatile("st.relaxed.sys.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst),
-               "r"(static_cast<uint32_t>(payload)), "r"(flag),
-               "r"(static_cast<uint32_t>(payload >> 32)), "r"(flag)
+  const uint64_t f = static_cast<uint64_t>(flag) << 32;
+  asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(dst),
+               "l"((payload & 0xFFFFFFFFull) | f), "l"((payload >> 32) | f)
                : "memory");
 }
 
 // Reads a packet in one 16-byte load.
-__device__ __forceinline__ uint4 ll16_load(const LL16* src) {
-  uint4 v;
-  asm volatile("ld.relaxed.sys.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+__device__ __forceinline__ LL16Value ll16_load(const LL16* src) {
+  LL16Value v;
+  asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];"
+               : "=l"(v.lo), "=l"(v.hi)
                : "l"(src)
                : "memory");
   return v;
 }
 
-// True when both flag words of a loaded packet equal `flag`.
-__device__ __forceinline__ bool ll16_ready(uint4 v, uint32_t flag) {
-  return v.y == flag && v.w == flag;
+// True when both words of a loaded packet carry `flag`.
+__device__ __forceinline__ bool ll16_ready(LL16Value v, uint32_t flag) {
+  return static_cast<uint32_t>(v.lo >> 32) == flag && static_cast<uint32_t>(v.hi >> 32) == flag;
 }
 
-__device__ __forceinline__ uint64_t ll16_payload(uint4 v) {
-  return static_cast<uint64_t>(v.x) | (static_cast<uint64_t>(v.z) << 32);
+__device__ __forceinline__ uint64_t ll16_payload(LL16Value v) {
+  return (v.lo & 0xFFFFFFFFull) | (v.hi << 32);
 }
 
-// LL flags are the low 32 bits of a block's 64-bit epoch. A slot last written
-// exactly 2^32 epochs ago would look fresh, so a block rewrites every slot it
-// sends to (of one parity) whenever 2^30 or more epochs have passed since it
-// last did so for that parity (the epoch of the last rewrite is kept in the
-// workspace header). True when that rewrite is due.
-__device__ __forceinline__ bool ll16_refresh_due(uint64_t epoch, uint64_t last_refresh) {
-  return epoch - last_refresh >= (1ull << 30);
+// LL flags are the low 32 bits of a block's 64-bit epoch, and a slot last
+// written exactly 2^32 epochs ago would look fresh. A block index runs every
+// epoch in turn (epochs only grow, one per round), so it rewrites every slot it
+// sends to, of the parity at hand, with an old flag at the first epoch of each
+// parity in every window of 2^30 epochs: no slot is ever older than about 2^30
+// epochs. True at those epochs (decided from the epoch alone, no state).
+__device__ __forceinline__ bool ll16_refresh_due(uint64_t epoch) {
+  return (epoch & (kLLRefreshEpochs - 1)) < 2;
 }
 
 }  // namespace jaxll

@@ -11,6 +11,16 @@
 
 namespace jaxll {
 
+// Byte offset, inside any rank's workspace (the layout is symmetric), of the
+// region [phase][block][parity][src] of the double-buffered area that starts at
+// `area_offset` and whose regions are `region_stride` bytes apart. Sources are
+// the innermost index: the region of source s is s * region_stride further.
+__device__ __forceinline__ size_t region_offset(const RankView& v, size_t area_offset,
+                                                size_t region_stride, int phase, int block,
+                                                int parity, int src) {
+  return area_offset + region_index(v.geo, phase, block, parity, src) * region_stride;
+}
+
 // The LL16 region on rank `owner` that receives data from rank `src` for block
 // `block`, scratch phase `phase`, epoch parity `parity`.
 __device__ __forceinline__ LL16* ll_region(const RankView& v, int owner, int phase, int block,
@@ -50,30 +60,26 @@ __device__ __forceinline__ uint32_t* barrier_flag(const RankView& v, int owner, 
 // What a block learns when it starts: the epoch of its first round and whether
 // the workspace already holds an error (then it must not communicate).
 struct BlockStart {
-  uint64_t epoch;            // epoch of the first round of this call
-  uint64_t ll_refreshed[2];  // header->ll_refreshed of this block, per parity
+  uint64_t epoch;  // epoch of the first round of this call
   bool had_error;
 };
 
 // Reserves `rounds` consecutive epochs for this block; every thread of the
-// block must call it. The loads of the header are issued together, so the
-// handshake costs one memory round trip.
+// block must call it. Thread 0 loads the error word and the epoch together (one
+// memory round trip) and stores the advanced epoch at once; the block learns
+// both through shared memory.
 __device__ __forceinline__ BlockStart block_begin(const RankView& v, uint32_t rounds) {
-  __shared__ uint64_t s_epoch, s_ref0, s_ref1;
+  __shared__ uint64_t s_epoch;
   __shared__ int s_error;
   if (threadIdx.x == 0) {
     const unsigned long long err = *reinterpret_cast<volatile unsigned long long*>(&v.header->error);
     const uint64_t e = v.header->epochs[blockIdx.x];
-    const uint64_t r0 = v.header->ll_refreshed[blockIdx.x][0];
-    const uint64_t r1 = v.header->ll_refreshed[blockIdx.x][1];
     v.header->epochs[blockIdx.x] = e + rounds;
     s_epoch = e + 1;
-    s_ref0 = r0;
-    s_ref1 = r1;
     s_error = err != 0ull;
   }
   __syncthreads();
-  return BlockStart{s_epoch, {s_ref0, s_ref1}, s_error != 0};
+  return BlockStart{s_epoch, s_error != 0};
 }
 
 __device__ __forceinline__ WaitContext wait_context(const RankView& v, uint64_t epoch) {
@@ -85,7 +91,7 @@ __device__ __forceinline__ WaitContext wait_context(const RankView& v, uint64_t 
 // `*payload`. False when the wait gave up (see bounded_wait).
 __device__ __forceinline__ bool ll16_wait(const LL16* slot, uint32_t flag, const WaitContext& ctx,
                                           uint32_t peer, uint64_t* payload) {
-  uint4 v;
+  LL16Value v;
   const bool ok = bounded_wait(ctx, peer, [&] {
     v = ll16_load(slot);
     return ll16_ready(v, flag);

@@ -23,6 +23,8 @@ struct RankView {
   int rank;
   int nranks;
   int max_blocks;                  // largest grid whose blocks are all co-resident
+  int pdl;                         // launch with programmatic dependent launch (see
+                                   // launch_order.cuh); set by the host, not read on the device
   uint64_t timeout_ns;
 };
 

@@ -32,6 +32,10 @@ constexpr int kMaxRanks = 16;
 constexpr int kMaxBlocks = 64;
 // Threads per block of the collective kernels.
 constexpr int kBlockThreads = 512;
+// Blocks of kBlockThreads every collective kernel fits on one multiprocessor
+// (its register budget: 64 per thread on 64K-register SMs), which bounds how
+// many ranks' grids can share one GPU.
+constexpr int kMinBlocksPerSM = 2;
 // Bytes of payload one LL16 packet carries.
 constexpr int kLLPayloadBytes = 8;
 // Bytes one LL16 packet occupies.
@@ -42,6 +46,9 @@ constexpr int kLineBytes = 128;
 constexpr unsigned char kSentinelByte = 0xFF;
 // Scratch phases: 0 = one-shot push / reduce-scatter, 1 = all-gather.
 constexpr int kPhases = 2;
+// A block rewrites the LL16 slots it sends to once per this many epochs
+// (see ll_packet.cuh), so no 32-bit flag ever ages into aliasing.
+constexpr uint64_t kLLRefreshEpochs = 1ull << 30;
 
 
 struct WorkspaceHeader {
@@ -51,9 +58,6 @@ struct WorkspaceHeader {
   // Epoch of each block index: the number of rounds that block index has served,
   // over every call and algorithm. Only ever incremented, by the kernels themselves.
   uint64_t epochs[kMaxBlocks];
-  // Epoch at which each block last rewrote every LL16 slot it sends to, per
-  // parity (see ll_packet.cuh: 32-bit flags must never alias).
-  uint64_t ll_refreshed[kMaxBlocks][2];
   // Base address (as seen from this rank's device) of every rank's workspace.
   void* peer_bases[kMaxRanks];
 };
