@@ -1,7 +1,8 @@
 """Does XLA put jaxll's custom calls into command buffers (CUDA graphs)?
 
-For a jitted chain of K custom calls, prints the time per call for the no-op
-FFI call (jaxll_noop) and for jaxll.all_reduce on a one-device mesh. Run it
+For a jitted chain of K custom calls, prints the time per call in steady state
+(jaxll.bench.steady_per_call_us) for the no-op FFI call (jaxll_noop) and for
+jaxll.all_reduce on a one-device mesh. Run it
 under different XLA_FLAGS to compare, e.g. with command buffers off:
 XLA_FLAGS=--xla_gpu_enable_command_buffer=
 
@@ -15,13 +16,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxll
-from jaxll.bench import median_per_call_us
+from jaxll.bench import steady_per_call_us
 
-K, REPS = 50, 20
+K, RUNS, REPS = 200, 20, 9
 
 
 def report(name, f, x):
-  print(f"{name:36s} per call: {median_per_call_us(f, x, K, REPS):6.2f} us", flush=True)
+  print(f"{name:36s} per call: {steady_per_call_us(f, x, K, RUNS, REPS):6.2f} us", flush=True)
 
 
 dev = jax.devices("cuda")[0]

@@ -4,20 +4,28 @@ against the hardware's speed of light, measured side by side in one run.
 
 Modes:
   virtual   N virtual ranks on one GPU (``--ranks``, default 8): kernel time per
-            call (CUDA events over a CUDA graph of many calls) and jitted per-call
-            time (a jax.jit chain of K dependent calls). psum cannot run here.
+            call (CUDA events over a CUDA graph of ``--iters`` calls on every
+            rank's stream) and that time minus the graph-node floor (the same
+            graph of empty kernels). psum cannot run here.
   local     one process, a mesh over the first N local GPUs (``--gpus``, default
             all of them, at least 2): jitted per-call time of a chain inside
-            shard_map, jaxll against psum.
-Every run also measures the speed-of-light inputs on GPU 0: the L2 round trip
-(one __threadfence()), a flag ping-pong between two blocks (and between every GPU
-pair with peer access), the bound ``2*L2 + (pingpong_rtt - 2*L2)/2``, the
-CUDA-graph node floor and the per-call floor of a trivial FFI custom call in a
-jitted chain (command buffers on).
+            shard_map, jaxll against psum, and its cost above the custom-call
+            floor (the same chain with an empty-kernel custom call).
+  processes N jax.distributed processes sharing GPU 0 (``--procs``, default 2;
+            CUDA MPS where available), one device each, timed like local mode.
+Jitted figures are steady state: a jitted chain of ``--chain`` dependent calls is
+run ``--runs`` times back to back with one sync at the end, and the time per call
+is the median over ``--reps`` such repetitions (no host sync or dispatch inside
+the timed region). Every run also measures the speed-of-light inputs on GPU 0:
+the L2 round trip (one __threadfence()), a flag ping-pong between two blocks (and
+between every GPU pair with peer access), the bound
+``2*L2 + (pingpong_rtt - 2*L2)/2``, the CUDA-graph node floor and the per-call
+floor of a trivial FFI custom call in a jitted chain (command buffers on).
 
-  python -m jaxll.bench                      # about a minute
-  python -m jaxll.bench --quick              # seconds
+  python -m jaxll.bench                      # a few minutes
+  python -m jaxll.bench --quick              # about a minute
   python -m jaxll.bench --ranks 2 4 8 --json out.json --plot out.png
+  python -m jaxll.bench --mode processes --procs 2 8 --sizes 4K
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import time
 
 DEFAULT_SIZES = sorted({2 ** k for k in range(3, 29)} | {12, 3000, 100_000})
 QUICK_SIZES = [8, 4096, 65536]
-MODES = ("virtual", "local")
+MODES = ("virtual", "local", "processes")
 _SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
            "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 
@@ -80,15 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--algorithms", nargs="+", default=None,
                  choices=list(algorithms.ALGORITHMS),
                  help="algorithms to measure (default: all)")
-  p.add_argument("--chain", type=int, default=50, help="calls per jitted chain (default 50)")
-  p.add_argument("--jit-max-bytes", type=parse_size, default=parse_size("1M"),
-                 help="virtual mode: time the jitted chain only up to this size (default 1M)")
-  p.add_argument("--no-jit", action="store_true",
-                 help="virtual mode: kernel time only, no jitted chains (for tuning sweeps)")
+  p.add_argument("--procs", type=int, nargs="+", default=[2],
+                 help="process counts per run in processes mode (default: 2)")
+  p.add_argument("--chain", type=int, default=200, help="calls per jitted chain (default 200)")
+  p.add_argument("--runs", type=int, default=20,
+                 help="jitted chains run back to back per timed repetition (default 20)")
   p.add_argument("--iters", type=int, default=200, help="calls per CUDA graph (default 200)")
   p.add_argument("--reps", type=int, default=15, help="repetitions per point (default 15)")
   p.add_argument("--quick", action="store_true",
-                 help="3 sizes, short chains and few repetitions: seconds, not a minute")
+                 help="3 sizes, shorter chains and fewer repetitions")
   p.add_argument("--json", metavar="PATH", help="write every measurement to PATH")
   p.add_argument("--plot", metavar="PATH", help="write a latency-vs-size PNG to PATH")
   p.add_argument("--no-sol", action="store_true", help="skip the speed-of-light probes")
@@ -105,12 +113,16 @@ def parse_args(argv=None) -> argparse.Namespace:
   for n in args.gpus or ():
     if not 2 <= n <= ext.max_ranks:
       p.error(f"--gpus must be in 2..{ext.max_ranks}, got {n}")
-  for name in ("chain", "iters", "reps"):
+  for n in args.procs:
+    if not 2 <= n <= ext.max_ranks:
+      p.error(f"--procs must be in 2..{ext.max_ranks}, got {n}")
+  for name in ("chain", "runs", "iters", "reps"):
     if getattr(args, name) < 1:
       p.error(f"--{name} must be at least 1")
   if args.quick:
     args.sizes = args.sizes or QUICK_SIZES
-    args.chain, args.iters, args.reps = min(args.chain, 10), min(args.iters, 50), min(args.reps, 5)
+    args.chain, args.runs = min(args.chain, 50), min(args.runs, 5)
+    args.iters, args.reps = min(args.iters, 50), min(args.reps, 5)
   args.sizes = sorted(set(args.sizes or DEFAULT_SIZES))
   if args.algorithms is None:
     from jaxll import algorithms
@@ -166,17 +178,29 @@ def _package_version(prefix: str) -> str | None:
 
 # --- timing helpers -------------------------------------------------------------------
 
-def median_per_call_us(fn, arg, calls_per_run: int, reps: int) -> float:
-  """Median over `reps` runs of fn(arg) of the wall time per call, in µs (after
-  one warm-up run), where one run makes `calls_per_run` calls."""
+def steady_per_call_us(fn, arg, calls_per_run: int, runs: int, reps: int) -> float:
+  """Time per call in steady state, in µs: after two warm-up runs, each of
+  `reps` repetitions dispatches `runs` runs of ``fn(arg)`` back to back (each
+  making `calls_per_run` dependent calls) and waits once at the end; the median
+  over the repetitions. No host sync or dispatch gap sits inside the timed
+  region except the one at its end, spread over ``runs * calls_per_run`` calls."""
   import jax
-  jax.block_until_ready(fn(arg))  # compile and warm up
+  jax.block_until_ready(fn(arg))
+  jax.block_until_ready(fn(arg))
   samples = []
   for _ in range(reps):
     t0 = time.perf_counter()
-    jax.block_until_ready(fn(arg))
-    samples.append((time.perf_counter() - t0) * 1e6 / calls_per_run)
+    out = None
+    for _ in range(runs):
+      out = fn(arg)
+    jax.block_until_ready(out)
+    samples.append((time.perf_counter() - t0) * 1e6 / (runs * calls_per_run))
   return statistics.median(samples)
+
+
+def steady_method(args) -> str:
+  return (f"steady state: jitted chain of {args.chain} dependent calls, {args.runs} runs back "
+          f"to back per sync, median of {args.reps}")
 
 
 def measure_sol(args) -> dict:
@@ -219,7 +243,8 @@ def measure_sol(args) -> dict:
     return v
 
   x = jax.device_put(np.ones(4, np.float32), dev)
-  sol["ffi_call_floor_us"] = median_per_call_us(chain, x, args.chain, args.reps)
+  sol["ffi_call_floor_us"] = steady_per_call_us(chain, x, args.chain, args.runs, args.reps)
+  sol["ffi_call_floor_method"] = steady_method(args)
   sol["graph_node_floor_us"] = {
       str(n): statistics.median(jt.graph_floor_us(n, iters=args.iters, reps=args.reps))
       for n in (args.ranks if "virtual" in args.mode else [])}
@@ -235,7 +260,8 @@ def bench_virtual(args, n: int, progress) -> list[dict]:
   from jaxll import algorithms
   import jaxll.testing as jt
 
-  ws = jt.virtual_workspace(n)
+  jt.virtual_workspace(n)
+  floor = statistics.median(jt.graph_floor_us(n, iters=args.iters, reps=args.reps))
   records = []
   for dtype in args.dtypes:
     item = np.dtype(jax.numpy.dtype(dtype)).itemsize
@@ -261,18 +287,9 @@ def bench_virtual(args, n: int, progress) -> list[dict]:
           iters = max(3, min(args.iters, (256 << 20) // max(1, count * item * n)))
           samples = jt.kernel_time_us(n, count * item, dtype=dtype, algorithm=kernel,
                                       iters=iters, reps=args.reps)
-          rec.update(status="ok", kernel_us=statistics.median(samples), kernel_us_samples=samples)
-          if not args.no_jit and count * item <= args.jit_max_bytes:
-            x = jax.numpy.asarray((np.random.default_rng(0).random((n, count)) * 1e-3)
-                                  .astype(jax.numpy.dtype(dtype)))
-
-            @jax.jit
-            def chain(v, kernel=kernel):
-              for _ in range(args.chain):
-                v = jt.virtual_all_reduce(v, algorithm=kernel)
-              return v
-
-            rec["jit_us"] = median_per_call_us(chain, x, args.chain, args.reps)
+          k = statistics.median(samples)
+          rec.update(status="ok", kernel_us=k, kernel_us_samples=samples, floor_us=floor,
+                     above_floor_us=k - floor)
         records.append(rec)
   import jaxll
   jaxll.check_errors()
@@ -339,8 +356,23 @@ def _bench_local_mesh(args, progress, gpus) -> list[dict]:
           records.append(rec)
           continue
         rec["path"] = sites[0].algorithm if sites else "?"
-        rec.update(status="ok", jit_us=median_per_call_us(f, x, args.chain, args.reps))
+        rec.update(status="ok", jit_us=steady_per_call_us(f, x, args.chain, args.runs, args.reps))
         records.append(rec)
+      if gpus[0].platform != "gpu":
+        continue  # (CPU devices in tests: jaxll's empty-kernel call needs a GPU)
+      # The custom-call floor of the same chain: jaxll's empty-kernel call in
+      # place of the all-reduce.
+      def floor_body(v):
+        w = v
+        for _ in range(args.chain):
+          w = v + jax.ffi.ffi_call("jaxll_noop", jax.ShapeDtypeStruct(w.shape, w.dtype),
+                                   input_output_aliases={0: 0})(w)
+        return w
+      f = jax.jit(jax.shard_map(floor_body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+      floor = steady_per_call_us(f, x, args.chain, args.runs, args.reps)
+      for r in records:
+        if (r["dtype"], r["bytes"]) == (dtype, count * dt.itemsize) and r["status"] == "ok":
+          r.update(floor_us=floor, above_floor_us=r["jit_us"] - floor)
   # psum as the reference for every point, from the same run.
   by_point = {}
   for r in records:
@@ -355,6 +387,42 @@ def _bench_local_mesh(args, progress, gpus) -> list[dict]:
   return records
 
 
+# --- processes mode ---------------------------------------------------------------------
+
+def bench_processes(args, progress) -> list[dict]:
+  """N jax.distributed processes sharing GPU 0 (MPS where available), each
+  timing the same chains as local mode (jaxll/bench_worker.py)."""
+  from jaxll import algorithms, launch
+  from jaxll import bench_worker
+
+  names = [a for a in args.algorithms if a != algorithms.XLA]  # NCCL cannot share a GPU
+  records = []
+  for n in args.procs:
+    for dtype in args.dtypes:
+      progress({"mode": "processes", "ranks": n, "dtype": dtype, "bytes": args.sizes[0],
+                "algorithm": "(all)"})
+      workers = launch.run(
+          bench_worker.__file__, n, timeout=600, mps="auto", devices=["0"] * n,
+          # every size stays on jaxll's kernels: XLA's all-reduce (NCCL) cannot
+          # run several ranks on one GPU
+          env={"JAXLL_AUTO_MAX_BYTES": str(1 << 40), "NCCL_NVLS_ENABLE": "0",
+               "XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+          args=["--sizes", *map(str, args.sizes), "--algorithms", *names, "--dtype", dtype,
+                "--chain", str(args.chain), "--runs", str(args.runs), "--reps", str(args.reps)])
+      results = [w.result for w in workers]
+      for nbytes in args.sizes:
+        floor = statistics.median(r["us"][f"{nbytes}:floor"] for r in results)
+        for algo in names:
+          per_proc = [r["us"][f"{nbytes}:{algo}"] for r in results]
+          us = statistics.median(per_proc)
+          records.append({"mode": "processes", "ranks": n, "dtype": dtype, "bytes": nbytes,
+                          "algorithm": algo, "status": "ok", "jit_us": us,
+                          "jit_us_per_process": per_proc, "floor_us": floor,
+                          "above_floor_us": us - floor, "mps": workers[0].mps,
+                          "path": results[0]["paths"][f"{nbytes}:{algo}"]})
+  return records
+
+
 # --- summary, table, plot -------------------------------------------------------------
 
 BARRIER_BASELINES = {"oneshot_barrier": ("oneshot_ll", "oneshot_sentinel"),
@@ -366,12 +434,17 @@ def summarize(records: list[dict], sol: dict | None) -> dict:
   out = {}
   kernel = {(r["mode"], r["ranks"], r["dtype"], r["bytes"], r["algorithm"]): r["kernel_us"]
             for r in records if r["status"] == "ok" and "kernel_us" in r}
+  above = {(r["mode"], r["ranks"], r["dtype"], r["bytes"], r["algorithm"]): r["above_floor_us"]
+           for r in records if r["status"] == "ok" and "above_floor_us" in r}
+  for (mode, n, dtype, nbytes, algo), us in sorted(above.items()):
+    point = f"{mode} N={n} {dtype} {format_size(nbytes)} {algo}"
+    if sol and mode == "virtual":
+      out.setdefault("kernel_above_floor_over_sol", {})[point] = us / sol["sol_us"]
+    if mode == "processes" and ("virtual", n, dtype, nbytes, algo) in above:
+      out.setdefault("processes_above_floor_over_virtual", {})[point] = (
+          us / above[("virtual", n, dtype, nbytes, algo)])
   for (mode, n, dtype, nbytes, algo), us in sorted(kernel.items()):
     point = f"{mode} N={n} {dtype} {format_size(nbytes)}"
-    if sol and algo == "oneshot_ll" and mode == "virtual":
-      floor = sol.get("graph_node_floor_us", {}).get(str(n))
-      if floor is not None:
-        out.setdefault("oneshot_ll_kernel_vs_floor_plus_sol", {})[point] = us / (floor + sol["sol_us"])
     if algo in BARRIER_BASELINES and nbytes <= 4096:
       free = [kernel[(mode, n, dtype, nbytes, a)] for a in BARRIER_BASELINES[algo]
               if (mode, n, dtype, nbytes, a) in kernel]
@@ -404,21 +477,27 @@ def format_pivot(records: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def format_table(records: list[dict], sol: dict | None) -> str:
+def format_table(records: list[dict], sol: dict | None, args=None) -> str:
   lines = []
   if sol:
     lines.append(f"speed of light on {sol['device']}: L2 round trip (one __threadfence()) "
                  f"{sol['l2_rtt_us']:.3f} us, "
                  f"ping-pong one way {sol['pingpong_one_way_us']:.3f} us, "
-                 f"SoL {sol['sol_us']:.3f} us; FFI custom-call floor "
-                 f"{sol['ffi_call_floor_us']:.2f} us/call")
+                 f"SoL {sol['sol_us']:.3f} us")
+    lines.append(f"  FFI custom-call floor {sol['ffi_call_floor_us']:.2f} us/call "
+                 f"({sol.get('ffi_call_floor_method', '')})")
     for n, v in sol.get("graph_node_floor_us", {}).items():
       lines.append(f"  CUDA-graph node floor, {n} virtual ranks: {v:.2f} us/call")
     for pair, v in sol.get("pairs", {}).items():
       lines.append(f"  GPU pair {pair}: ping-pong one way {v['pingpong_one_way_us']:.3f} us, "
                    f"SoL {v['sol_us']:.3f} us")
-  header = f"{'mode':8s} {'N':>2s} {'dtype':9s} {'size':>10s} {'algorithm':20s} " \
-           f"{'kernel us':>10s} {'jit us':>9s} {'psum us':>9s} {'vs psum':>8s}  note"
+  lines.append("kernel us: virtual ranks, CUDA graph of many calls; per call us: jitted chain, "
+               + (steady_method(args) if args else "steady state")
+               + "; above floor: minus the graph-node floor (virtual) or the custom-call floor "
+               "of the same chain (local, processes); x SoL: above floor / SoL")
+  header = f"{'mode':9s} {'N':>2s} {'dtype':9s} {'size':>10s} {'algorithm':20s} " \
+           f"{'kernel us':>9s} {'per call':>8s} {'above fl':>8s} {'x SoL':>6s} " \
+           f"{'psum us':>8s} {'vs psum':>7s}  note"
   lines += [header, "-" * len(header)]
   skipped = {}
   for r in records:
@@ -429,10 +508,13 @@ def format_table(records: list[dict], sol: dict | None) -> str:
 
     def num(key, fmt="{:.2f}"):
       return fmt.format(r[key]) if key in r else "-"
+    xsol = (f"{r['above_floor_us'] / sol['sol_us']:.1f}"
+            if sol and "above_floor_us" in r else "-")
     note = f"auto -> {r['auto_choice']}" if "auto_choice" in r else r.get("path", "")
-    lines.append(f"{r['mode']:8s} {r['ranks']:>2d} {r['dtype']:9s} {format_size(r['bytes']):>10s} "
-                 f"{r['algorithm']:20s} {num('kernel_us'):>10s} {num('jit_us'):>9s} "
-                 f"{num('psum_jit_us'):>9s} {num('speedup_vs_psum', '{:.2f}x'):>8s}  {note}")
+    lines.append(f"{r['mode']:9s} {r['ranks']:>2d} {r['dtype']:9s} {format_size(r['bytes']):>10s} "
+                 f"{r['algorithm']:20s} {num('kernel_us'):>9s} {num('jit_us'):>8s} "
+                 f"{num('above_floor_us'):>8s} {xsol:>6s} {num('psum_jit_us'):>8s} "
+                 f"{num('speedup_vs_psum', '{:.2f}x'):>7s}  {note}")
   for (mode, n, algo, reason), sizes in skipped.items():
     lines.append(f"not measured: {mode} N={n} {algo} at {len(sizes)} sizes "
                  f"({format_size(min(sizes))}..{format_size(max(sizes))}): {reason}")
@@ -498,12 +580,14 @@ def main(argv=None) -> int:
 
   n_virtual = len([a for a in args.algorithms if a != "xla"])
   local_counts = local_gpu_counts(args, len(gpus))
+  proc_counts = args.procs if "processes" in args.mode else []
   if "local" in args.mode and not local_counts:
     print(f"local mode: needs 2 or more GPUs ({'--gpus ' + str(args.gpus) if args.gpus else 'all'}"
           f" of {len(gpus)} visible); skipped", flush=True)
   total = len(args.dtypes) * len(args.sizes) * (
       (len(args.ranks) * n_virtual if "virtual" in args.mode else 0)
-      + (len(local_counts) * len(args.algorithms) if "local" in args.mode else 0))
+      + (len(local_counts) * len(args.algorithms) if "local" in args.mode else 0)) \
+      + len(proc_counts) * len(args.dtypes)
   done = [0]
 
   def progress(rec):
@@ -522,9 +606,11 @@ def main(argv=None) -> int:
       records += bench_virtual(args, n, progress)
   if "local" in args.mode:
     records += bench_local(args, progress, gpus)
+  if "processes" in args.mode:
+    records += bench_processes(args, progress)
   print(file=sys.stderr)
   summary = summarize(records, sol)
-  print(format_table(records, sol))
+  print(format_table(records, sol, args))
   print(format_pivot(records))
   for name, values in summary.items():
     for key, v in values.items():

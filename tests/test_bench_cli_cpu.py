@@ -35,7 +35,8 @@ def test_defaults_and_quick():
   assert args.algorithms[0] == "auto" and "oneshot_ll" in args.algorithms
   assert args.mode == ["virtual", "local"] and args.ranks == [8]
   quick = bench.parse_args(["--quick"])
-  assert quick.sizes == bench.QUICK_SIZES and quick.reps <= 5 and quick.chain <= 10
+  assert quick.sizes == bench.QUICK_SIZES and quick.reps <= 5 and quick.chain <= 50
+  assert quick.runs <= 5 and args.chain == 200 and args.runs == 20 and args.procs == [2]
   mine = bench.parse_args(["--quick", "--sizes", "1K", "8", "--ranks", "2", "4",
                            "--algorithms", "oneshot_ll", "--mode", "virtual"])
   assert mine.sizes == [8, 1024] and mine.ranks == [2, 4] and mine.algorithms == ["oneshot_ll"]
@@ -48,6 +49,8 @@ def test_defaults_and_quick():
     (["--dtypes", "float64"], "invalid choice"),
     (["--algorithms", "ring"], "invalid choice"),
     (["--mode", "cloud"], "invalid choice"),
+    (["--procs", "1"], "--procs must be in 2.."),
+    (["--runs", "0"], "--runs must be at least 1"),
     (["--sizes", "4Q"], "not a size"),
 ])
 def test_bad_arguments_exit_with_message(argv, message, capsys):
@@ -60,31 +63,42 @@ def test_bad_arguments_exit_with_message(argv, message, capsys):
 def _records():
   return [
       {"mode": "virtual", "ranks": 8, "dtype": "float32", "bytes": 4096, "algorithm": "oneshot_ll",
-       "status": "ok", "kernel_us": 2.5, "jit_us": 9.0},
+       "status": "ok", "kernel_us": 2.5, "floor_us": 1.1, "above_floor_us": 1.4},
       {"mode": "virtual", "ranks": 8, "dtype": "float32", "bytes": 4096, "algorithm": "auto",
-       "auto_choice": "oneshot_ll", "status": "ok", "kernel_us": 2.6, "jit_us": 9.1},
+       "auto_choice": "oneshot_ll", "status": "ok", "kernel_us": 2.6, "floor_us": 1.1,
+       "above_floor_us": 1.5},
       {"mode": "virtual", "ranks": 8, "dtype": "float32", "bytes": 1 << 20, "algorithm": "xla",
        "status": "n/a", "reason": "XLA's all-reduce cannot run on virtual ranks"},
       {"mode": "local", "ranks": 2, "dtype": "float32", "bytes": 4096, "algorithm": "oneshot_ll",
        "status": "ok", "jit_us": 3.0, "psum_jit_us": 12.0, "speedup_vs_psum": 4.0},
+      {"mode": "processes", "ranks": 8, "dtype": "float32", "bytes": 4096,
+       "algorithm": "oneshot_ll", "status": "ok", "jit_us": 9.0, "floor_us": 7.0,
+       "above_floor_us": 2.0, "path": "oneshot_ll"},
   ]
 
 
 _SOL = {"device": "NVIDIA H200", "l2_rtt_us": 0.136, "pingpong_one_way_us": 0.231,
-        "sol_us": 0.367, "ffi_call_floor_us": 1.0, "graph_node_floor_us": {"8": 1.1}, "pairs": {}}
+        "sol_us": 0.367, "ffi_call_floor_us": 1.0, "ffi_call_floor_method": "steady state: x",
+        "graph_node_floor_us": {"8": 1.1}, "pairs": {}}
 
 
 def test_table_format():
-  text = bench.format_table(_records(), _SOL)
+  text = bench.format_table(_records(), _SOL, bench.parse_args([]))
   lines = text.splitlines()
-  assert "one __threadfence()) 0.136 us" in lines[0]
-  assert "SoL 0.367 us" in lines[0] and "FFI custom-call floor 1.00 us/call" in lines[0]
-  assert "CUDA-graph node floor, 8 virtual ranks: 1.10 us/call" in lines[1]
+  assert "one __threadfence()) 0.136 us" in lines[0] and "SoL 0.367 us" in lines[0]
+  assert "FFI custom-call floor 1.00 us/call (steady state: x)" in lines[1]
+  assert "CUDA-graph node floor, 8 virtual ranks: 1.10 us/call" in lines[2]
+  assert "steady state: jitted chain of 200 dependent calls, 20 runs back to back" in text
   header = next(l for l in lines if l.startswith("mode"))
-  for column in ("kernel us", "jit us", "psum us", "vs psum"):
+  for column in ("kernel us", "per call", "above fl", "x SoL", "psum us", "vs psum"):
     assert column in header
-  row = next(l for l in lines if "local" in l)
+  assert "jit us" not in header  # virtual mode has no jitted column any more
+  row = next(l for l in lines if l.startswith("local"))
   assert "4 KiB" in row and "3.00" in row and "12.00" in row and "4.00x" in row
+  row = next(l for l in lines if l.startswith("virtual") and "oneshot_ll" in l)
+  assert "2.50" in row and "1.40" in row and f"{1.4 / 0.367:.1f}" in row
+  row = next(l for l in lines if l.startswith("processes"))
+  assert "9.00" in row and "2.00" in row
   assert any("auto -> oneshot_ll" in l for l in lines)
   skipped = [l for l in lines if l.startswith("not measured:")]
   assert skipped == ["not measured: virtual N=8 xla at 1 sizes (1 MiB..1 MiB): "
@@ -93,8 +107,11 @@ def test_table_format():
 
 def test_summary_ratio():
   summary = bench.summarize(_records(), _SOL)
-  ratio = summary["oneshot_ll_kernel_vs_floor_plus_sol"]["virtual N=8 float32 4 KiB"]
-  assert ratio == pytest.approx(2.5 / (1.1 + 0.367))
+  ratio = summary["kernel_above_floor_over_sol"]["virtual N=8 float32 4 KiB oneshot_ll"]
+  assert ratio == pytest.approx(1.4 / 0.367)
+  # the multi-process cost above its floor against the same-size virtual kernel's
+  ratio = summary["processes_above_floor_over_virtual"]["processes N=8 float32 4 KiB oneshot_ll"]
+  assert ratio == pytest.approx(2.0 / 1.4)
 
 
 def _sweep():
@@ -171,7 +188,7 @@ def test_json_report(tmp_path):
   assert set(doc) == {"machine", "config", "sol", "summary", "results"}
   assert "json" not in doc["config"] and doc["config"]["sizes"] == bench.QUICK_SIZES
   assert doc["results"][0]["kernel_us"] == 2.5
-  assert "oneshot_ll_kernel_vs_floor_plus_sol" in doc["summary"]
+  assert "kernel_above_floor_over_sol" in doc["summary"]
 
 
 def test_local_mode_meshes_over_the_first_n_devices(cpu_devices):
