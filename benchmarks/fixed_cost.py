@@ -36,6 +36,8 @@ BARRIER_FREE = ["oneshot_ll", "oneshot_sentinel", "twoshot_ll", "twoshot_sentine
 
 
 def steady_per_call_us(fn, arg, calls: int, runs: int, reps: int) -> float:
+  # The method of jaxll.bench.steady_per_call_us, repeated here because this
+  # script also measures builds older than it (the "before" side).
   jax.block_until_ready(fn(arg))
   jax.block_until_ready(fn(arg))
   samples = []
