@@ -8,6 +8,7 @@ XLA_FLAGS=--xla_gpu_enable_command_buffer=
 
   python benchmarks/cmd_buffer_probe.py
 """
+import functools
 import os
 
 import jax
@@ -31,7 +32,7 @@ noop = jax.ffi.ffi_call("jaxll_noop", jax.ShapeDtypeStruct((4,), np.float32),
                         input_output_aliases={0: 0})
 
 
-@jax.jit
+@functools.partial(jax.jit, donate_argnums=0)
 def noop_chain(v):
   for _ in range(K):
     v = noop(v)
@@ -47,5 +48,6 @@ for algo in ("oneshot_ll", "xla"):
     for _ in range(K):
       v = jaxll.all_reduce(v, "x", algorithm=algo)
     return v
-  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")),
+              donate_argnums=0)
   report(f"all_reduce({algo}) chain, 1 GPU", f, xs)

@@ -10,7 +10,10 @@ Two figures, both in steady state with no host sync inside the timed region:
 * a one-GPU mesh, jitted chain of ``--chain`` steps ``v = f(v) * 0.5`` with f
   the empty FFI custom call (``jaxll_noop``) or ``jaxll.all_reduce``; the
   compiled chain runs ``--runs`` times back to back with one sync at the end,
-  repeated ``--reps`` times; the median per step is kept.
+  repeated ``--reps`` times; the median per step is kept. ``--feedback 1``
+  (default): each run takes the previous run's donated output, as a training
+  loop does; ``0``: every run takes the same input, which makes XLA record its
+  command buffers again on the host each run (host-bound; kept for comparison).
 
   python benchmarks/fixed_cost.py --json out.json
 """
@@ -35,17 +38,20 @@ import jaxll.testing as jt  # noqa: E402
 BARRIER_FREE = ["oneshot_ll", "oneshot_sentinel", "twoshot_ll", "twoshot_sentinel"]
 
 
-def steady_per_call_us(fn, arg, calls: int, runs: int, reps: int) -> float:
+def steady_per_call_us(fn, arg, calls: int, runs: int, reps: int,
+                       feedback: bool = True) -> float:
   # The method of jaxll.bench.steady_per_call_us, repeated here because this
-  # script also measures builds older than it (the "before" side).
-  jax.block_until_ready(fn(arg))
-  jax.block_until_ready(fn(arg))
+  # script also measures builds older than it (the "before" side). feedback:
+  # each run takes the previous run's (donated) output, as a training loop
+  # carries its state; `arg` itself is copied first, never consumed.
+  first = jax.numpy.copy(arg)
+  out = jax.block_until_ready(fn(first))
+  out = jax.block_until_ready(fn(out if feedback else arg))
   samples = []
   for _ in range(reps):
     t0 = time.perf_counter()
-    out = None
     for _ in range(runs):
-      out = fn(arg)
+      out = fn(out if feedback else arg)
     jax.block_until_ready(out)
     samples.append((time.perf_counter() - t0) * 1e6 / (runs * calls))
   return statistics.median(samples)
@@ -80,7 +86,7 @@ def kernel_section(args, pdl: str) -> list[dict]:
   return rows
 
 
-def jit_section(args, pdl: str) -> list[dict]:
+def jit_section(args, pdl: str, feedback: bool) -> list[dict]:
   """The chains are compiled first, then timed in interleaved repetitions (each
   repetition times every chain once), so drifts hit all of them alike."""
   use_pdl(pdl)
@@ -89,7 +95,9 @@ def jit_section(args, pdl: str) -> list[dict]:
                           input_output_aliases={0: 0})
   half = np.float32(0.5)
 
-  @jax.jit
+  jit = (lambda f: jax.jit(f, donate_argnums=0)) if feedback else jax.jit
+
+  @jit
   def noop_chain(v):
     for _ in range(args.chain):
       v = noop(v) * half
@@ -104,20 +112,20 @@ def jit_section(args, pdl: str) -> list[dict]:
         for _ in range(args.chain):
           v = jaxll.all_reduce(v, "x", algorithm=algo) * half
         return v
-      f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+      f = jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
       chains.append((f"all_reduce[{algo}]*0.5", nbytes, f, xs))
-  samples = {name: [] for name, _, _, _ in chains}
+  samples = {(name, nbytes): [] for name, nbytes, _, _ in chains}
   for _, _, f, x in chains:
-    jax.block_until_ready(f(x))
+    jax.block_until_ready(f(jax.numpy.copy(x)))  # compile
   for _ in range(args.reps):
     for name, nbytes, f, x in chains:
-      samples[name, nbytes] = samples.get((name, nbytes), []) + [
-          steady_per_call_us(f, x, args.chain, args.runs, 1)]
+      samples[name, nbytes].append(
+          steady_per_call_us(f, x, args.chain, args.runs, 1, feedback))
   rows = []
   floor = statistics.median(samples["noop*0.5", 16])
   for name, nbytes, _, _ in chains:
     us = statistics.median(samples[name, nbytes])
-    row = {"what": name, "bytes": nbytes, "pdl": pdl, "step_us": us}
+    row = {"what": name, "bytes": nbytes, "pdl": pdl, "feedback": feedback, "step_us": us}
     if name != "noop*0.5":
       row["above_noop_us"] = us - floor
     rows.append(row)
@@ -136,13 +144,18 @@ def main() -> None:
   p.add_argument("--chain", type=int, default=200)
   p.add_argument("--runs", type=int, default=20)
   p.add_argument("--no-jit", action="store_true")
+  p.add_argument("--no-kernel", action="store_true")
+  p.add_argument("--feedback", nargs="+", type=int, default=[1],
+                 help="jitted chains: 0 = every run takes the same input, 1 = each run "
+                      "takes the previous output (donated), as a training loop does")
   p.add_argument("--pdl", nargs="+", default=["1", "0"],
                  help="JAXLL_PDL settings to measure (1: programmatic dependent launch on)")
   p.add_argument("--label", default="")
   p.add_argument("--json")
   args = p.parse_args()
-  kern = [r for pdl in args.pdl for r in kernel_section(args, pdl)]
-  jit = [] if args.no_jit else [r for pdl in args.pdl for r in jit_section(args, pdl)]
+  kern = [] if args.no_kernel else [r for pdl in args.pdl for r in kernel_section(args, pdl)]
+  jit = [] if args.no_jit else [r for pdl in args.pdl for fb in args.feedback
+                                for r in jit_section(args, pdl, bool(fb))]
   print(f"# fixed cost {args.label} on {jax.devices('cuda')[0].device_kind}, jax {jax.__version__}")
   print(f"{'pdl':>3} {'N':>2} {'bytes':>6} {'algorithm':18} {'kernel':>7} {'floor':>6} {'above':>6}")
   for r in kern:
@@ -150,7 +163,7 @@ def main() -> None:
           f"{r['floor_us']:6.2f} {r['above_floor_us']:6.2f}")
   for r in jit:
     extra = f" above noop {r['above_noop_us']:.2f}" if "above_noop_us" in r else ""
-    print(f"pdl {r['pdl']} jit 1-GPU mesh {r['what']:28s} {r['bytes']:>6} B: "
+    print(f"pdl {r['pdl']} feedback {int(r['feedback'])} jit 1-GPU mesh {r['what']:28s} {r['bytes']:>6} B: "
           f"{r['step_us']:.2f} us/step{extra}")
   if args.json:
     with open(args.json, "w") as f:

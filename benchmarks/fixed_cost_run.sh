@@ -37,14 +37,14 @@ if step fc && [ -n "${BASE:-}" ]; then
 fi
 step fc && PYTHONPATH=/tmp/fc_new timeout 400 python3 benchmarks/fixed_cost.py --label after --pdl 1 0 \
   --json "$OUT/fc_after.json" >> "$LOG" 2>&1
-step bench && PYTHONPATH=/tmp/fc_new timeout 400 python3 -m jaxll.bench --mode virtual processes \
+step bench && PYTHONPATH=/tmp/fc_new timeout 400 python3 -P -m jaxll.bench --mode virtual processes \
   --ranks 2 8 --procs 2 8 --sizes 4K --algorithms oneshot_ll oneshot_sentinel --reps 9 \
   --json "$OUT/bench_4k.json" >> "$LOG" 2>&1
-step regress && PYTHONPATH=/tmp/fc_new timeout 300 python3 -m jaxll.bench --mode virtual \
+step regress && PYTHONPATH=/tmp/fc_new timeout 300 python3 -P -m jaxll.bench --mode virtual \
   --ranks 2 8 --no-sol --reps 5 --sizes 64K 1M 16M 64M \
   --algorithms oneshot_ll oneshot_sentinel twoshot_ll twoshot_sentinel \
   --json "$OUT/regress.json" >> "$LOG" 2>&1
-step sweep && PYTHONPATH=/tmp/fc_new timeout 500 python3 -m jaxll.bench --mode virtual --ranks 2 4 8 \
+step sweep && PYTHONPATH=/tmp/fc_new timeout 500 python3 -P -m jaxll.bench --mode virtual --ranks 2 4 8 \
   --dtypes float32 bfloat16 --no-sol --reps 5 \
   --sizes 8 32 128 512 2K 8K 32K 128K 512K 2M 8M 32M 64M --json "$OUT/sweep.json" >> "$LOG" 2>&1
 echo "steps done:$STEPS" >> "$LOG"

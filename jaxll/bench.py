@@ -14,9 +14,10 @@ Modes:
   processes N jax.distributed processes sharing GPU 0 (``--procs``, default 2;
             CUDA MPS where available), one device each, timed like local mode.
 Jitted figures are steady state: a jitted chain of ``--chain`` dependent calls is
-run ``--runs`` times back to back with one sync at the end, and the time per call
-is the median over ``--reps`` such repetitions (no host sync or dispatch inside
-the timed region). Every run also measures the speed-of-light inputs on GPU 0:
+run ``--runs`` times back to back with one sync at the end, each run on the
+previous run's donated output (as a training loop carries its state), and the
+time per call is the median over ``--reps`` such repetitions (no host sync or
+dispatch inside the timed region). Every run also measures the speed-of-light inputs on GPU 0:
 the L2 round trip (one __threadfence()), a flag ping-pong between two blocks (and
 between every GPU pair with peer access), the bound
 ``2*L2 + (pingpong_rtt - 2*L2)/2``, the CUDA-graph node floor and the per-call
@@ -31,6 +32,7 @@ floor of a trivial FFI custom call in a jitted chain (command buffers on).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -180,27 +182,34 @@ def _package_version(prefix: str) -> str | None:
 
 def steady_per_call_us(fn, arg, calls_per_run: int, runs: int, reps: int) -> float:
   """Time per call in steady state, in µs: after two warm-up runs, each of
-  `reps` repetitions dispatches `runs` runs of ``fn(arg)`` back to back (each
-  making `calls_per_run` dependent calls) and waits once at the end; the median
-  over the repetitions. No host sync or dispatch gap sits inside the timed
-  region except the one at its end, spread over ``runs * calls_per_run`` calls."""
+  `reps` repetitions dispatches `runs` runs back to back (each making
+  `calls_per_run` dependent calls) and waits once at the end; the median over
+  the repetitions. No host sync or dispatch gap sits inside the timed region
+  except the one at its end, spread over ``runs * calls_per_run`` calls.
+
+  Each run takes the previous run's output, as a training loop carries its
+  state, so `fn` must return an array like its argument; jit it with
+  ``donate_argnums=0`` so the buffers repeat and XLA replays its command
+  buffers as they are. (Feeding the same input to every run makes XLA record
+  its command buffers again on the host each run: on an H200 with jax 0.11.2
+  that doubled an empty custom call's cost per call, see benchmarks/README.md.)
+  `arg` itself is copied first, never consumed."""
   import jax
-  jax.block_until_ready(fn(arg))
-  jax.block_until_ready(fn(arg))
+  arg = jax.block_until_ready(fn(jax.numpy.copy(arg)))
+  arg = jax.block_until_ready(fn(arg))
   samples = []
   for _ in range(reps):
     t0 = time.perf_counter()
-    out = None
     for _ in range(runs):
-      out = fn(arg)
-    jax.block_until_ready(out)
+      arg = fn(arg)
+    jax.block_until_ready(arg)
     samples.append((time.perf_counter() - t0) * 1e6 / (runs * calls_per_run))
   return statistics.median(samples)
 
 
 def steady_method(args) -> str:
   return (f"steady state: jitted chain of {args.chain} dependent calls, {args.runs} runs back "
-          f"to back per sync, median of {args.reps}")
+          f"to back per sync, each on the last one's (donated) output, median of {args.reps}")
 
 
 def measure_sol(args) -> dict:
@@ -236,7 +245,7 @@ def measure_sol(args) -> dict:
   noop = jax.ffi.ffi_call("jaxll_noop", jax.ShapeDtypeStruct((4,), np.float32),
                           input_output_aliases={0: 0})
 
-  @jax.jit
+  @functools.partial(jax.jit, donate_argnums=0)
   def chain(v):
     for _ in range(args.chain):
       v = noop(v)
@@ -348,7 +357,8 @@ def _bench_local_mesh(args, progress, gpus) -> list[dict]:
             w = v + jaxll.all_reduce(w, "x", algorithm=algo)
           return w
 
-        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")),
+                    donate_argnums=0)
         try:
           sites = jaxll.explain(f, x)
         except jaxll.AlgorithmUnavailableError as e:
@@ -368,7 +378,8 @@ def _bench_local_mesh(args, progress, gpus) -> list[dict]:
           w = v + jax.ffi.ffi_call("jaxll_noop", jax.ShapeDtypeStruct(w.shape, w.dtype),
                                    input_output_aliases={0: 0})(w)
         return w
-      f = jax.jit(jax.shard_map(floor_body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+      f = jax.jit(jax.shard_map(floor_body, mesh=mesh, in_specs=P("x"), out_specs=P("x")),
+                  donate_argnums=0)
       floor = steady_per_call_us(f, x, args.chain, args.runs, args.reps)
       for r in records:
         if (r["dtype"], r["bytes"]) == (dtype, count * dt.itemsize) and r["status"] == "ok":

@@ -48,7 +48,8 @@ def main() -> None:
       for _ in range(opts.chain):
         w = v + step(w)
       return w
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")),
+                   donate_argnums=0)
 
   programs = []  # (size, name, compiled function, input)
   paths = {}
@@ -69,7 +70,7 @@ def main() -> None:
   programs = [(b, name, f.lower(x).compile(), x) for b, name, f, x in programs]
   distributed.global_state.client.wait_at_barrier("jaxll-bench-compiled", 300_000)
   for _, _, f, x in programs:
-    jax.block_until_ready(f(x))
+    jax.block_until_ready(f(jax.numpy.copy(x)))  # (f donates its argument)
   launch.progress("compiled")
   samples = {(b, name): [] for b, name, _, _ in programs}
   for _ in range(opts.reps):

@@ -88,7 +88,7 @@ def test_table_format():
   assert "one __threadfence()) 0.136 us" in lines[0] and "SoL 0.367 us" in lines[0]
   assert "FFI custom-call floor 1.00 us/call (steady state: x)" in lines[1]
   assert "CUDA-graph node floor, 8 virtual ranks: 1.10 us/call" in lines[2]
-  assert "steady state: jitted chain of 200 dependent calls, 20 runs back to back" in text
+  assert "steady state: jitted chain of 200 dependent calls, 20 runs back to back per sync, each on the last one" in text
   header = next(l for l in lines if l.startswith("mode"))
   for column in ("kernel us", "per call", "above fl", "x SoL", "psum us", "vs psum"):
     assert column in header
