@@ -14,6 +14,7 @@ import os
 
 import jax
 import numpy as np
+from jax._src import core
 from jax._src.interpreters import mlir
 from jax._src.lax import parallel
 from jax._src.lib.mlir import ir
@@ -152,6 +153,54 @@ def _tag(results, site: call_sites.CallSite) -> None:
     op.attributes["mhlo.frontend_attributes"] = ir.DictAttr.get(existing)
 
 
+# --- Order of the kernel calls -------------------------------------------------------
+# Every kernel call on a workspace reads and advances that workspace's epochs, so
+# two calls must never run at the same time on one GPU, and every rank must make
+# them in the same order. XLA orders only what data dependencies order: two
+# independent all-reduces in one program may be scheduled either way round, and
+# run side by side where XLA builds its command buffers from buffer dependencies
+# (--xla_gpu_command_buffer_scheduling_mode=CONCURRENT). So the custom call takes
+# and returns a 4-byte "order" buffer, and each call in a block (a function body,
+# a loop body, a branch) takes the one the call before it in that block returned:
+# a real read-after-write dependency, which every scheduler and every
+# command-buffer mode keeps. The kernels never touch it.
+_ORDER_KEY = ("jaxll", "order chains")
+_ORDER_AVAL = core.ShapedArray((1,), np.dtype(np.uint32))
+
+
+def _order_chains(ctx) -> list:
+  """[block, last order value] pairs of the module being lowered."""
+  cache = getattr(ctx.module_context, "cached_primitive_lowerings", None)
+  if cache is None:  # (a JAX without that dict: every call starts its own chain)
+    return []
+  return cache.setdefault(_ORDER_KEY, [])
+
+
+def _order_in(ctx) -> tuple[ir.Value, list | None]:
+  block = ir.InsertionPoint.current.block
+  chains = _order_chains(ctx)
+  for entry in chains:
+    if entry[0] == block:
+      return entry[1], entry
+  entry = [block, None]
+  chains.append(entry)
+  return mlir.ir_constant(np.zeros((1,), np.uint32)), entry
+
+
+def emit_kernel_call(ctx, x, *, workspace: int, algorithm: str, op: str) -> ir.Value:
+  """The ``jaxll_all_reduce`` custom call, ordered after the previous one
+  emitted into the same block."""
+  order, entry = _order_in(ctx)
+  call_ctx = ctx.replace(avals_in=[ctx.avals_in[0], _ORDER_AVAL],
+                         avals_out=[ctx.avals_out[0], _ORDER_AVAL])
+  rule = jax.ffi.ffi_lowering("jaxll_all_reduce")
+  y, order_out = rule(call_ctx, x, order, comm=np.int64(workspace),
+                      algorithm=np.int64(algorithms.SPECS[algorithm].code),
+                      op=np.int64(algorithms.OP_CODES[op]))
+  entry[1] = order_out
+  return y
+
+
 def lower_all_reduce(ctx, x, *, axes, op, algorithm, check_vma):
   del check_vma
   aval = ctx.avals_in[0]
@@ -159,10 +208,8 @@ def lower_all_reduce(ctx, x, *, axes, op, algorithm, check_vma):
   if decision.algorithm == algorithms.XLA:
     results = _xla_rule(op)(ctx, x, axes=axes, axis_index_groups=None)
   else:
-    rule = jax.ffi.ffi_lowering("jaxll_all_reduce")
-    results = rule(ctx, x, comm=np.int64(decision.workspace),
-                   algorithm=np.int64(algorithms.SPECS[decision.algorithm].code),
-                   op=np.int64(algorithms.OP_CODES[op]))
+    results = [emit_kernel_call(ctx, x, workspace=decision.workspace,
+                                algorithm=decision.algorithm, op=op)]
   site = call_sites.CallSite(
       site=_site(ctx), axes=",".join(map(str, axes)), group_size=decision.group_size,
       shape=str(tuple(aval.shape)), dtype=str(np.dtype(aval.dtype)),

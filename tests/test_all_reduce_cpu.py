@@ -5,6 +5,8 @@ JAX-level behaviour (results, check_vma typing, grad, vmap, multi-axis meshes,
 many call sites, errors, path reporting) independently of the kernels.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -273,3 +275,50 @@ def test_virtual_ranks_need_a_gpu():
   import jaxll.testing
   with pytest.raises(RuntimeError, match="need a CUDA GPU"):
     jaxll.testing.virtual_all_reduce(np.ones((2, 3), np.float32))
+
+
+def _kernel_call_chains(text: str) -> list[list[tuple[str, str]]]:
+  """(result, order operand) of each jaxll_all_reduce custom call in the
+  lowered text, grouped into chains: a call whose order operand is the order
+  result (#1) of an earlier call continues that call's chain."""
+  calls = re.findall(r"(%[\w]+):2 = stablehlo\.custom_call @jaxll_all_reduce\((%[\w#]+), (%[\w#]+)\)",
+                     text)
+  chains, tail = [], {}
+  for result, _, order in calls:
+    if order in tail:
+      chain = tail.pop(order)
+    else:
+      chain = []
+      chains.append(chain)
+    chain.append((result, order))
+    tail[f"{result}#1"] = chain
+  return chains
+
+
+def test_kernel_calls_are_chained_in_program_order(mesh1, monkeypatch):
+  # Every kernel call reads and advances the workspace's epochs, so the calls of
+  # one block take and return an order buffer that chains them in program order
+  # (XLA may otherwise reorder independent calls, or run them side by side in a
+  # concurrent command buffer). Lowering only: CPU cannot run the kernels, so the
+  # path decision is forced to a kernel here.
+  monkeypatch.setattr(lowering, "decide", lambda ctx, aval, axes, op, requested:
+                      lowering.Decision("oneshot_ll", "forced by the test", 7, 8))
+
+  def body(a, b):
+    outs = [jaxll.all_reduce(a, "tp"), jaxll.all_reduce(b, "tp"), jaxll.all_reduce(a * 2, "tp")]
+    loop = jax.lax.fori_loop(0, 3, lambda i, v: jaxll.all_reduce(jaxll.all_reduce(v, "tp"), "tp"), b)
+    return (*outs, loop, jaxll.all_reduce(b * 3, "tp"))
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh1, in_specs=(P("tp"), P("tp")),
+                            out_specs=(P(),) * 5, check_vma=False))
+  x = _put(mesh1, np.ones((8,), np.float32), P("tp"))
+  text = f.lower(x, x).as_text()
+  chains = _kernel_call_chains(text)
+  # the four calls of the function body form one chain, in program order; the
+  # loop body's two calls their own
+  assert sorted(len(c) for c in chains) == [2, 4], chains
+  for chain in chains:
+    first_order = chain[0][1]
+    assert re.search(rf"{re.escape(first_order)} = stablehlo\.constant dense<0> : tensor<1xui32>",
+                     text), first_order
+  assert text.count("@jaxll_all_reduce(") == 6

@@ -34,3 +34,16 @@ def test_processes_share_the_gpu(n, mps):
                        devices=["0"] * n)
   verify(workers, min_cases=100)
   print(describe(workers, f"N={n} processes on one GPU, MPS={workers[0].mps}"))
+
+
+@pytest.mark.parametrize("flags", ["--xla_gpu_command_buffer_scheduling_mode=CONCURRENT",
+                                   "--xla_gpu_enable_latency_hiding_scheduler=true"])
+def test_independent_calls_under_concurrency_flags(flags, mps):
+  # The checks' stress section runs 24 independent call sites of one program on
+  # one workspace; under these flags XLA may reorder or overlap independent
+  # work, so only the order chain (jaxll/lowering.py) keeps every process's
+  # calls in one order, one at a time.
+  workers = launch.run(CHECKS, 2, args=["--steps", "100", "--stress", "200"], timeout=TIMEOUT,
+                       env=dict(ENV, XLA_FLAGS=flags), mps=mps, devices=["0"] * 2)
+  verify(workers, min_cases=100)
+  print(describe(workers, f"2 processes on one GPU, XLA_FLAGS={flags}"))

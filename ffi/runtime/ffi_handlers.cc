@@ -2,7 +2,8 @@
 //
 //   jaxll_all_reduce          one rank's all-reduce inside an SPMD program
 //                             (command-buffer compatible: every per-call value
-//                             lives on the device)
+//                             lives on the device); operands x, order; results
+//                             y, order (see AllReduceExecute)
 //   jaxll_virtual_all_reduce  N virtual ranks on one GPU: input (N, ...) is
 //                             reduced across its leading axis, one stream per rank
 //   jaxll_device_ordinal      writes the device ordinal XLA passes to handlers
@@ -69,9 +70,13 @@ ffi::Error launch_error(cudaError_t e, const Comm& c, const std::string& what) {
                               " (" + cudaGetErrorString(e) + ")");
 }
 
+// `order` in and out: 4 bytes that chain the calls of one block so XLA keeps
+// them in program order and never runs two at once (jaxll/lowering.py); never
+// read or written here.
 ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
-                            ffi::Result<ffi::AnyBuffer> y, int64_t comm_id, int64_t algorithm,
-                            int64_t op) {
+                            ffi::AnyBuffer /*order*/, ffi::Result<ffi::AnyBuffer> y,
+                            ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t comm_id,
+                            int64_t algorithm, int64_t op) {
   Comm* c = comm_lookup(comm_id);
   if (c == nullptr) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
@@ -188,6 +193,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_handler, AllReduceExecute,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Ctx<ffi::DeviceOrdinal>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("comm")
                                   .Attr<int64_t>("algorithm")
