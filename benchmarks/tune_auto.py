@@ -5,6 +5,8 @@
       --json sweep.json
   python benchmarks/tune_auto.py sweep.json [more.json ...] --out jaxll/auto_table.json
 
+Inputs may also be benchmarks/fixed_cost.py JSONs (their float32 kernel rows).
+
 For every (group size, dtype) measured, each size's candidates (algorithms
 ``auto`` may pick) are ranked by median kernel time; consecutive sizes with the
 same ranking share a row, and a row reaches up to the geometric mean of its last
@@ -146,10 +148,13 @@ def main(argv=None) -> int:
   for path in args.inputs:
     with open(path) as f:
       doc = json.load(f)
-    records += doc["results"]
-    m = doc.get("machine", {})
-    machines.append(f"{m.get('gpu_count')} x {m.get('gpu')}, driver {m.get('driver')}, "
-                    f"jax {m.get('jax')}")
+    if "results" in doc:
+      records += doc["results"]
+      m = doc.get("machine", {})
+      machines.append(f"{m.get('gpu_count')} x {m.get('gpu')}, driver {m.get('driver')}, "
+                      f"jax {m.get('jax')}")
+    else:  # benchmarks/fixed_cost.py: virtual-rank kernel times, float32
+      records += [dict(r, mode="virtual", dtype="float32", status="ok") for r in doc["kernel"]]
   inputs = ", ".join(os.path.basename(x) for x in args.inputs)
   machine = "; ".join(sorted(set(machines)))
   if args.from_local:
