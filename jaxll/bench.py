@@ -17,9 +17,9 @@ Jitted figures are steady state: a jitted chain of ``--chain`` dependent calls i
 run ``--runs`` times back to back with one sync at the end, each run on the
 previous run's donated output (as a training loop carries its state), and the
 time per call is the median over ``--reps`` such repetitions (no host sync or
-dispatch inside the timed region). Every run also measures the speed-of-light inputs on GPU 0:
-the L2 round trip (one __threadfence()), a flag ping-pong between two blocks (and
-between every GPU pair with peer access), the bound
+dispatch inside the timed region). Every run also measures the speed-of-light
+inputs on GPU 0: the L2 round trip (one __threadfence()), a flag ping-pong
+between two blocks (and between every GPU pair with peer access), the bound
 ``2*L2 + (pingpong_rtt - 2*L2)/2``, the CUDA-graph node floor and the per-call
 floor of a trivial FFI custom call in a jitted chain (command buffers on).
 

@@ -176,7 +176,7 @@ def _order_chains(ctx) -> list:
   return cache.setdefault(_ORDER_KEY, [])
 
 
-def _order_in(ctx) -> tuple[ir.Value, list | None]:
+def _order_in(ctx) -> tuple[ir.Value, list]:
   block = ir.InsertionPoint.current.block
   chains = _order_chains(ctx)
   for entry in chains:
