@@ -2,6 +2,7 @@
 #include "all_reduce.h"
 
 #include <algorithm>
+#include <string>
 
 #include "all_reduce_common.cuh"
 #include "all_reduce_kernels.h"
@@ -99,13 +100,36 @@ LaunchPlan plan_all_reduce(Algorithm algorithm, int64_t count, int elem_bytes, i
     if (s.family == Family::kTwoShotAtomic) work = c * nranks * 8;
   }
   plan.blocks = static_cast<int>(blocks);
-  plan.threads = static_cast<int>(std::min<int64_t>(kBlockThreads, round_up32(work)));
+  // A spare warp where the block has room: its last n-1 threads check the
+  // peers' call signatures (all_reduce_common.cuh) beside the data path.
+  const int64_t sig_warp = nranks > 1 ? 32 : 0;
+  plan.threads = static_cast<int>(std::min<int64_t>(kBlockThreads, round_up32(work) + sig_warp));
   plan.units = units;
   plan.span = span;
   plan.round_units = round_units;
   plan.rounds = ceil_div(span, round_units);
   plan.last_rounds = ceil_div(units - (blocks - 1) * span, round_units);
   return plan;
+}
+
+std::string describe_signature(uint64_t sig) {
+  static const char* const kAlgorithms[] = {"xla",          "oneshot_ll",       "oneshot_sentinel",
+                                            "twoshot_ll",   "twoshot_sentinel", "twoshot_ll128_atomic",
+                                            "oneshot_barrier", "twoshot_barrier"};
+  static const char* const kDtypes[] = {"float32", "bfloat16", "float16", "int32"};
+  static const char* const kOps[] = {"sum", "max", "min"};
+  const DecodedSignature d = decode_signature(sig);
+  auto pick = [](const char* const* names, size_t size, uint32_t code) {
+    return code < size ? std::string(names[code]) : "code " + std::to_string(code);
+  };
+  return std::string(d.collective == 0 ? "all_reduce" : "collective " + std::to_string(d.collective)) +
+         " of " + std::to_string(d.count) + " " + pick(kDtypes, 4, d.dtype) + " elements, op " +
+         pick(kOps, 3, d.op) + ", algorithm " + pick(kAlgorithms, 8, d.algorithm);
+}
+
+uint64_t call_signature(Algorithm algorithm, DType dtype, ReduceOp op, int64_t count) {
+  return encode_signature(0, static_cast<uint32_t>(algorithm), static_cast<uint32_t>(dtype),
+                          static_cast<uint32_t>(op), count);
 }
 
 bool has_kernel(Algorithm algorithm, DType dtype, ReduceOp op) {
@@ -130,7 +154,7 @@ cudaError_t launch_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op, con
   const bool pdl = view.pdl && 2 * plan.blocks <= view.max_blocks;
   AllReduceArgs args{view, in, out, count, plan.units, plan.span, plan.round_units,
                      static_cast<uint32_t>(plan.rounds), static_cast<uint32_t>(plan.last_rounds),
-                     pdl ? 1 : 0};
+                     pdl ? 1 : 0, call_signature(algorithm, dtype, op, count)};
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(plan.blocks);
   config.blockDim = dim3(plan.threads);

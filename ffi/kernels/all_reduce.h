@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "jaxll/rank_view.h"
@@ -44,6 +45,11 @@ struct LaunchPlan {
 // every rank computes the same plan.
 LaunchPlan plan_all_reduce(Algorithm algorithm, int64_t count, int elem_bytes, int nranks,
                            const ScratchGeometry& geo, int max_blocks);
+
+// The signature every rank's call must carry (jaxll/error_word.h).
+uint64_t call_signature(Algorithm algorithm, DType dtype, ReduceOp op, int64_t count);
+// "all_reduce of 1024 float32 elements, op sum, algorithm oneshot_ll".
+std::string describe_signature(uint64_t signature);
 
 // True when `algorithm` has a kernel for (dtype, op).
 bool has_kernel(Algorithm algorithm, DType dtype, ReduceOp op);

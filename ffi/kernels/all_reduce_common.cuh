@@ -28,6 +28,7 @@ struct AllReduceArgs {
   uint32_t rounds;       // rounds of every block but the last (computed on the host)
   uint32_t last_rounds;  // rounds of the last block
   int trigger;           // let the stream's next kernel launch early (launch_order.cuh)
+  uint64_t signature;    // the call's signature (error_word.h), checked against every peer's
 };
 
 // This block's units [u0, u1) and its number of rounds.
@@ -153,7 +154,7 @@ __device__ __forceinline__ ChannelPlace channel_place(const RankView& v, size_t 
                                                       size_t stride, int phase, int block,
                                                       int parity, uint64_t epoch) {
   const size_t first = region_offset(v, area_offset, stride, phase, block, parity, 0);
-  return ChannelPlace{v, first + v.rank * stride, reinterpret_cast<const char*>(v.header) + first,
+  return ChannelPlace{v, first + v.rank * stride, v.peers.base[v.rank] + first,
                       stride, static_cast<uint32_t>(epoch)};
 }
 
@@ -207,7 +208,7 @@ struct Channel<Proto::kBarrier, T> : ChannelPlace {
                      v.geo.plain_offset +
                          ((static_cast<size_t>(phase) * v.geo.blocks + block) * v.geo.nranks +
                           v.rank) * v.geo.region_bytes,
-                     reinterpret_cast<const char*>(v.header) + v.geo.plain_offset +
+                     v.peers.base[v.rank] + v.geo.plain_offset +
                          (static_cast<size_t>(phase) * v.geo.blocks + block) * v.geo.nranks *
                              v.geo.region_bytes,
                      v.geo.region_bytes, static_cast<uint32_t>(epoch)} {}
@@ -364,6 +365,66 @@ __device__ __forceinline__ bool round_boundary(bool ok) {
   fence_sys();
   return __syncthreads_or(!ok) != 0;
 }
+
+// --- Call signatures ---------------------------------------------------------------
+// Ranks that disagree on a call (element count, dtype, op or algorithm) would
+// exchange data of different shapes through the same slots: a wrong result or a
+// hang. So every block of every rank sends the call's signature to each peer at
+// the call's first epoch (one LL16 packet into the peer's signature slot for
+// this block, parity and source) and checks the one each peer sent it; a block
+// that finds a different signature records a mismatch with both signatures (so
+// every wait of the rank gives up at once) and poisons its whole share of the
+// output. The block's last n-1 threads do it, one peer each, right at the start
+// (the host gives blocks a spare warp for it where there is room, so it runs
+// beside the data path); at the end the block learns whether any thread
+// failed. A slot, once checked, is reset to a packet whose two flags differ
+// (never ready), so no stale signature is ever taken for a current one; the
+// reset is ordered before the peer's next write of that slot as a sentinel
+// reset is (the kernel boundary precedes this rank's next sends to that peer).
+
+// Peer offset k (1..n-1) this thread handles the signature for, 0 if none.
+__device__ __forceinline__ int signature_lane(int n) {
+  const int k = static_cast<int>(blockDim.x - threadIdx.x);
+  return k < n ? k : 0;
+}
+
+// Sends the call's signature to peer `k` of this rank (k == 0: nothing).
+__device__ __forceinline__ void send_signature(const AllReduceArgs& a, int k, int n,
+                                               uint64_t epoch) {
+  if (k == 0) return;
+  const RankView& v = a.view;
+  ll16_store(signature_slot(v, peer_at(v.rank, k, n), blockIdx.x, static_cast<int>(epoch & 1),
+                            v.rank),
+             a.signature, static_cast<uint32_t>(epoch));
+}
+
+// Waits for the signature of peer `k` (k == 0: nothing, true), compares it with
+// this call's and resets the slot. False on a mismatch (recorded with both
+// signatures, so every wait of this rank gives up at once) or a wait that gave
+// up. Called right after send_signature: the spare warp's lanes wait here
+// while the data path runs; their result joins the block's at the end.
+__device__ __forceinline__ bool signature_ok(const AllReduceArgs& a, int k, int n,
+                                             uint64_t epoch) {
+  if (k == 0) return true;
+  const RankView& v = a.view;
+  const int src = peer_at(v.rank, k, n);
+  LL16* slot = signature_slot(v, v.rank, blockIdx.x, static_cast<int>(epoch & 1), src);
+  const WaitContext ctx = wait_context(v, epoch);
+  uint64_t theirs = 0;
+  if (!ll16_wait(slot, static_cast<uint32_t>(epoch), ctx, static_cast<uint32_t>(src), &theirs)) {
+    return false;
+  }
+  ll16_store_never_ready(slot);
+  if (theirs != a.signature) {
+    report_error(ctx, ErrorKind::kMismatch, static_cast<uint32_t>(src), a.signature, theirs);
+    return false;
+  }
+  return true;
+}
+
+// True when some thread of the block failed (a wait gave up, or a signature
+// differed): the block must poison its whole share. Every thread must call it.
+__device__ __forceinline__ bool block_failed(bool ok) { return __syncthreads_or(!ok) != 0; }
 
 template <class T, int W>
 __device__ __forceinline__ void poison_units(T* y, int64_t from, int64_t to, int64_t count,

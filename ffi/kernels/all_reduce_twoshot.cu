@@ -34,7 +34,9 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) twoshot_kernel
     poison_units<T, W>(y, share.u0, share.u1, a.count, vec);
     return;
   }
-  bool ok = true;
+  const int sig_lane = NR == 1 ? 0 : signature_lane(n);
+  send_signature(a, sig_lane, n, bs.epoch);
+  bool ok = signature_ok(a, sig_lane, n, bs.epoch);
   for (uint32_t r = 0; r < share.rounds; ++r) {
     const uint64_t epoch = bs.epoch + r;
     const int parity = static_cast<int>(epoch & 1);
@@ -85,9 +87,13 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) twoshot_kernel
       if (j < len) store_unit<T, W>(y, r0 + j, a.count, vec, ok ? val : poison_unit<W>());
     }
     if (r + 1 < share.rounds && round_boundary(ok)) {
-      poison_units<T, W>(y, r0 + len, share.u1, a.count, vec);
+      poison_units<T, W>(y, share.u0, share.u1, a.count, vec);  // earlier rounds too
       return;
     }
+  }
+  if constexpr (NR != 1) {
+    if (block_failed(ok))
+      poison_units<T, W>(y, share.u0, share.u1, a.count, vec);
   }
 }
 

@@ -92,9 +92,11 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) twoshot_atomic
       S::store(y, l, lane, a.count, poison);
     return;
   }
+  const int sig_lane = signature_lane(n);
+  send_signature(a, sig_lane, n, bs.epoch);
   const uint32_t arrived = counter_bits<T>(n);
   const uint4 one = counter_slice<T>(counter_bits<T>(1));
-  bool ok = true;
+  bool ok = signature_ok(a, sig_lane, n, bs.epoch);
   for (uint32_t r = 0; r < share.rounds; ++r) {
     const uint64_t epoch = bs.epoch + r;
     const int parity = static_cast<int>(epoch & 1);
@@ -113,9 +115,11 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) twoshot_atomic
       const uint4 q = line < r1 ? S::load(x, line, lane, a.count) : make_uint4(0, 0, 0, 0);
       red_add_16<T>(atomic_region(v, owner, b, parity) + t * kLineBytes + lane * 16, q);
     }
-    fence_sys();
+    // Every lane's adds are ordered before the warp barrier; lane 7's fence
+    // after it is cumulative over them, so the counter bump releases them all.
     __syncwarp();
     if (lane == 7) {
+      fence_sys();
       for (int64_t i = group; i < n * c; i += groups) {
         const int k = static_cast<int>(i / c);
         const int owner = peer_at(rank, k, n);
@@ -169,9 +173,14 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) twoshot_atomic
       if (line < r1) S::store(y, line, lane, a.count, q);
     }
     if (r + 1 < share.rounds && round_boundary(ok)) {
-      for (int64_t l = r1 + group; l < share.u1; l += groups) S::store(y, l, lane, a.count, poison);
+      // (earlier rounds too)
+      for (int64_t l = share.u0 + group; l < share.u1; l += groups) S::store(y, l, lane, a.count, poison);
       return;
     }
+  }
+  if (block_failed(ok)) {
+    for (int64_t l = share.u0 + group; l < share.u1; l += groups)
+      S::store(y, l, lane, a.count, poison);
   }
 }
 

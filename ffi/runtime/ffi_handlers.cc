@@ -8,6 +8,9 @@
 //                             reduced across its leading axis, one stream per rank
 //   jaxll_device_ordinal      writes the device ordinal XLA passes to handlers
 //                             (lets tests check it against Device.local_hardware_id)
+//   jaxll_check               host-only (never in a command buffer): fails the
+//                             program with the recorded error when a workspace
+//                             it uses has one (see jaxll/lowering.py)
 //   jaxll_noop                launches one empty kernel (the custom-call floor the
 //                             benchmark measures; command-buffer compatible)
 #include "ffi_handlers.h"
@@ -164,6 +167,31 @@ ffi::Error VirtualAllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::An
   return ffi::Error::Success();
 }
 
+// Runs on the host each time XLA runs the program (it has no command-buffer
+// trait, so XLA never records it): fails the run when one of the workspaces the
+// program's kernel calls use is gone or holds an error. Reads only host memory.
+// `order_out` is the first link of the program's order chain; never written.
+ffi::Error CheckExecute(ffi::Result<ffi::AnyBuffer> /*order_out*/, ffi::Span<const int64_t> comms) {
+  for (int64_t id : comms) {
+    Comm* c = comm_lookup(id);
+    if (c == nullptr) {
+      return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                        "jaxll: workspace " + std::to_string(id) +
+                            " was freed (jaxll.free_workspaces()) after this program was "
+                            "compiled; compile it again (jax.clear_caches() or a new jax.jit)");
+    }
+    for (int g = 0; g < c->group_count(); ++g) {
+      for (int r = 0; r < c->group_size(); ++r) {
+        if (!c->has_rank(g, r)) continue;
+        if (uint64_t word = c->error_word(c->rank(g, r))) {
+          return ffi::Error(ffi::ErrorCode::kAborted, c->describe_error(c->rank(g, r), word));
+        }
+      }
+    }
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error DeviceOrdinalExecute(cudaStream_t stream, int32_t ordinal,
                                 ffi::Result<ffi::Buffer<ffi::S32>> out) {
   if (out->element_count() != 1) return ffi::Error::InvalidArgument("expects a scalar output");
@@ -184,6 +212,7 @@ ffi::Error NoopExecute(cudaStream_t stream, ffi::AnyBuffer, ffi::Result<ffi::Any
 }  // namespace jaxll
 
 using jaxll::AllReduceExecute;
+using jaxll::CheckExecute;
 using jaxll::DeviceOrdinalExecute;
 using jaxll::NoopExecute;
 using jaxll::VirtualAllReduceExecute;
@@ -211,6 +240,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_virtual_all_reduce_handler, VirtualAllReduce
                                   .Attr<int64_t>("algorithm")
                                   .Attr<int64_t>("op")
                                   .Attr<int64_t>("skip_rank"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_check_handler, CheckExecute,
+                              ffi::Ffi::Bind()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<ffi::Span<const int64_t>>("comms"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_device_ordinal_handler, DeviceOrdinalExecute,
                               ffi::Ffi::Bind()

@@ -70,10 +70,17 @@ NB_MODULE(_jaxll, m) {
     d["jaxll_virtual_all_reduce"] = handler_capsule(&jaxll_virtual_all_reduce_handler);
     d["jaxll_device_ordinal"] = handler_capsule(&jaxll_device_ordinal_handler);
     d["jaxll_noop"] = handler_capsule(&jaxll_noop_handler);
+    d["jaxll_check"] = handler_capsule(&jaxll_check_handler);
     return d;
   }, "FFI handler capsules by target name.");
 
   m.def("device_count", &device_count, "Number of CUDA devices visible (0 without a driver).");
+  m.def("device_memory_free", [](int ordinal) {
+    DeviceGuard guard(ordinal);
+    size_t free_bytes = 0, total = 0;
+    check_cuda(cudaMemGetInfo(&free_bytes, &total), "querying device memory");
+    return free_bytes;
+  }, "ordinal"_a, "Free device memory in bytes (cudaMemGetInfo).");
   m.def("can_access_peer", [](int a, int b) {
     int ok = 0;
     check_cuda(cudaDeviceCanAccessPeer(&ok, a, b), "querying peer access");
@@ -149,6 +156,26 @@ NB_MODULE(_jaxll, m) {
     }
     return out;
   }, "id"_a, "Errors recorded by the comm's kernels: (group, rank, ordinal, word, message).");
+
+  m.def("comm_reset", [](int64_t id) {
+    Comm& c = get_comm(id);
+    nb::gil_scoped_release release;
+    c.reset();
+  }, "id"_a,
+        "Waits for the comm's local devices to go idle, then puts its local ranks back in "
+        "the state of a new workspace (every rank of every group must be reset before any "
+        "runs a call again).");
+  m.def("comm_quiesce", [](int64_t id) {
+    Comm& c = get_comm(id);
+    nb::gil_scoped_release release;
+    c.quiesce();
+  }, "id"_a, "Waits for the comm's local devices to go idle.");
+  m.def("trap_on_error", &trap_on_error, "JAXLL_ON_ERROR is 'trap' (raises on bad values).");
+  m.def("describe_signature", &describe_signature, "signature"_a);
+  m.def("call_signature", [](int algorithm, int dtype, int op, int64_t count) {
+    return call_signature(static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
+                          static_cast<ReduceOp>(op), count);
+  }, "algorithm"_a, "dtype"_a, "op"_a, "count"_a);
 
   m.def("set_epochs", [](int64_t id, uint64_t epoch) {
     Comm& c = get_comm(id);
@@ -230,6 +257,25 @@ NB_MODULE(_jaxll, m) {
     d["error"] = r.error;
     return d;
   }, "id"_a, "algorithms"_a, "dtype"_a, "op"_a, "counts"_a, "seed"_a, "max_delay_us"_a);
+
+  m.def("virtual_calls", [](int64_t id, const std::vector<std::tuple<int, int, int, int64_t, bool, int64_t>>& spec) {
+    Comm& c = get_comm(id);
+    std::vector<RankCall> calls;
+    for (const auto& [algorithm, dtype, op, count, skip, delay_us] : spec) {
+      RankCall rc;
+      rc.algorithm = static_cast<Algorithm>(algorithm);
+      rc.dtype = static_cast<DType>(dtype);
+      rc.op = static_cast<ReduceOp>(op);
+      rc.count = count;
+      rc.skip = skip;
+      rc.delay_us = delay_us;
+      calls.push_back(rc);
+    }
+    nb::gil_scoped_release release;
+    return virtual_calls(c, calls);
+  }, "id"_a, "calls"_a,
+        "One all-reduce per virtual rank, each with its own (algorithm, dtype, op, count, "
+        "skip, delay_us); returns each rank's count of poisoned output elements.");
 
   m.def("virtual_bench", [](int64_t id, int algorithm, int dtype, int op, int64_t count, int iters,
                             int reps) {

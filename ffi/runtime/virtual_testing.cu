@@ -160,6 +160,19 @@ __global__ void check_close_kernel(RankOutputs<T> outs, int64_t buf_len, int64_t
   }
 }
 
+// Counts elements of `buf` (elem_bytes wide) whose bits are all ones.
+__global__ void count_poison_kernel(const unsigned char* buf, int64_t count, int elem_bytes,
+                                    unsigned long long* out) {
+  unsigned long long local = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    bool all = true;
+    for (int b = 0; b < elem_bytes; ++b) all = all && buf[i * elem_bytes + b] == 0xFF;
+    local += all ? 1 : 0;
+  }
+  if (local) atomicAdd(out, local);
+}
+
 __global__ void delay_kernel(uint64_t ns) {
   const uint64_t start = globaltimer_ns();
   while (globaltimer_ns() - start < ns) {
@@ -377,6 +390,55 @@ void append_typed_kernels(std::vector<const void*>& out) {
 
 }  // namespace
 
+std::vector<int64_t> virtual_calls(Comm& comm, const std::vector<RankCall>& calls) {
+  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_calls needs a virtual-rank workspace");
+  const int n = comm.group_size();
+  if (static_cast<int>(calls.size()) != n) {
+    throw std::runtime_error("virtual_calls needs one call per rank (" + std::to_string(n) + ")");
+  }
+  for (const RankCall& c : calls) {
+    if (c.count <= 0) throw std::runtime_error("element counts must be positive");
+    if (!has_kernel(c.algorithm, c.dtype, c.op)) {
+      throw std::runtime_error("virtual_calls: no kernel for an algorithm/dtype/op combination");
+    }
+  }
+  DeviceGuard guard(comm.rank(0, 0).ordinal);
+  Buffers bufs;
+  std::vector<void*> in(n), out(n);
+  auto* counts = static_cast<unsigned long long*>(bufs.alloc(n * sizeof(unsigned long long)));
+  check_cuda(cudaMemset(counts, 0, n * sizeof(unsigned long long)), "clearing counters");
+  for (int r = 0; r < n; ++r) {
+    const size_t bytes = static_cast<size_t>(calls[r].count) * dtype_bytes(calls[r].dtype);
+    in[r] = bufs.alloc(bytes);
+    out[r] = bufs.alloc(bytes);
+    check_cuda(cudaMemset(in[r], 0x11, bytes), "filling inputs");
+    check_cuda(cudaMemset(out[r], 0, bytes), "clearing outputs");
+  }
+  check_cuda(cudaDeviceSynchronize(), "preparing the calls");
+  for (int r = 0; r < n; ++r) {
+    if (calls[r].skip || calls[r].delay_us <= 0) continue;
+    delay_kernel<<<1, 1, 0, comm.rank(0, r).stream>>>(static_cast<uint64_t>(calls[r].delay_us) * 1000);
+  }
+  for (int r = 0; r < n; ++r) {
+    if (calls[r].skip) continue;
+    const RankCall& c = calls[r];
+    check_cuda(launch_all_reduce(c.algorithm, c.dtype, c.op, comm.rank(0, r).view, in[r], out[r],
+                                 c.count, comm.rank(0, r).stream),
+               "launching an all-reduce");
+  }
+  for (int r = 0; r < n; ++r) {
+    count_poison_kernel<<<64, 256, 0, comm.rank(0, r).stream>>>(
+        static_cast<const unsigned char*>(out[r]), calls[r].count, dtype_bytes(calls[r].dtype),
+        counts + r);
+  }
+  check_cuda(cudaGetLastError(), "launching the checks");
+  sync_ranks(comm);
+  std::vector<unsigned long long> host(n);
+  check_cuda(cudaMemcpy(host.data(), counts, n * sizeof(unsigned long long), cudaMemcpyDeviceToHost),
+             "reading the counters");
+  return std::vector<int64_t>(host.begin(), host.end());
+}
+
 std::vector<const void*> testing_kernel_functions() {
   std::vector<const void*> out;
   append_typed_kernels<float>(out);
@@ -384,6 +446,7 @@ std::vector<const void*> testing_kernel_functions() {
   append_typed_kernels<__half>(out);
   append_typed_kernels<int32_t>(out);
   out.push_back(reinterpret_cast<const void*>(&delay_kernel));
+  out.push_back(reinterpret_cast<const void*>(&count_poison_kernel));
   return out;
 }
 

@@ -44,6 +44,23 @@ std::vector<double> virtual_bench(Comm& comm, Algorithm algorithm, DType dtype, 
 // The same graph with an empty kernel per rank and call: the graph-node floor.
 std::vector<double> virtual_floor(Comm& comm, int iters, int reps);
 
+// One rank's part in virtual_calls.
+struct RankCall {
+  Algorithm algorithm = Algorithm::kOneShotLL;
+  DType dtype = DType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  int64_t count = 1;
+  bool skip = false;      // the rank makes no call (it never arrives)
+  int64_t delay_us = 0;   // the rank's stream is held this long before its call
+};
+
+// Fault injection: one all-reduce per virtual rank of `comm`, each rank with
+// its own arguments (ranks may disagree, skip or be late), inputs filled with
+// 0x11 bytes, outputs zeroed before. Waits for every rank, then returns for
+// each rank the number of its output elements that hold the poison pattern
+// (all-ones bits) and whether its output was left untouched (skipped ranks).
+std::vector<int64_t> virtual_calls(Comm& comm, const std::vector<RankCall>& calls);
+
 // The kernels these tools launch. Comm::Create loads them with the collective
 // kernels: lazily loading a kernel while a collective spins on the device can
 // stall until the collective's deadline.

@@ -74,7 +74,53 @@ bool use_pdl(int ordinal) {
   return major >= 9;
 }
 
+// Headers come from chunks that are never freed: a freed workspace leaves its
+// headers behind, marked ErrorKind::kFreed, so that a command buffer recorded
+// against it and replayed later reads a live header, sees the mark, poisons its
+// output and touches no freed memory. kHeaderSlot bytes per rank and workspace.
+constexpr size_t kHeaderSlot = 1024;
+constexpr size_t kHeadersPerChunk = 256;
+static_assert(sizeof(WorkspaceHeader) <= kHeaderSlot, "header too large for its slot");
+
+WorkspaceHeader* take_header(int ordinal) {
+  static std::mutex mu;
+  static std::vector<std::pair<char*, size_t>> chunks(64, {nullptr, kHeadersPerChunk});
+  std::lock_guard<std::mutex> lock(mu);
+  if (ordinal < 0 || ordinal >= static_cast<int>(chunks.size())) {
+    throw std::runtime_error("CUDA device ordinal " + std::to_string(ordinal) + " out of range");
+  }
+  auto& [chunk, used] = chunks[ordinal];
+  if (used == kHeadersPerChunk) {
+    DeviceGuard guard(ordinal);
+    check_cuda(cudaMalloc(&chunk, kHeaderSlot * kHeadersPerChunk), "allocating workspace headers");
+    used = 0;
+  }
+  return reinterpret_cast<WorkspaceHeader*>(chunk + kHeaderSlot * used++);
+}
+
+// The signature slots' idle content: packets ready for no epoch.
+void write_idle_signatures(const Rank& r, const ScratchGeometry& geo, cudaStream_t s) {
+  const size_t packets = static_cast<size_t>(geo.blocks) * 2 * geo.nranks;
+  std::vector<uint64_t> idle(2 * packets);
+  for (size_t i = 0; i < packets; ++i) {
+    idle[2 * i] = 0;
+    idle[2 * i + 1] = 1ull << 32;
+  }
+  check_cuda(cudaMemcpyAsync(static_cast<char*>(r.base) + geo.sig_offset, idle.data(),
+                             idle.size() * sizeof(uint64_t), cudaMemcpyHostToDevice, s),
+             "writing the signature slots");
+  check_cuda(cudaStreamSynchronize(s), "writing the signature slots");
+}
+
 }  // namespace
+
+bool trap_on_error() {
+  const char* env = std::getenv("JAXLL_ON_ERROR");
+  const std::string want = env ? env : "";
+  if (want.empty() || want == "poison") return false;
+  if (want == "trap") return true;
+  throw std::runtime_error("JAXLL_ON_ERROR must be 'poison' or 'trap', got '" + want + "'");
+}
 
 int device_block_bound(int ordinal) {
   DeviceGuard guard(ordinal);
@@ -217,31 +263,28 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
         check_cuda(cudaMalloc(&rk->base, c->bytes_per_rank()),
                    "allocating " + std::to_string(c->bytes_per_rank()) + " bytes of workspace on " +
                        where(*rk));
+        rk->header = take_header(rk->ordinal);
         check_cuda(cudaHostAlloc(reinterpret_cast<void**>(&rk->host_error),
-                                 sizeof(unsigned long long),
+                                 kHostErrorWords * sizeof(unsigned long long),
                                  cudaHostAllocMapped | cudaHostAllocPortable),
-                   "allocating the host error word");
-        *rk->host_error = 0;
+                   "allocating the host error record");
         if (virtual_ranks) {
           check_cuda(cudaStreamCreateWithFlags(&rk->stream, cudaStreamNonBlocking),
                      "creating a virtual rank's stream");
           check_cuda(cudaEventCreateWithFlags(&rk->done, cudaEventDisableTiming),
                      "creating an event");
         }
-        // Everything starts zero (flags, LL16 slots, atomic lines) except the
-        // sentinel scratch, which starts poisoned. Done before any handle to
-        // this memory leaves the process.
-        const ScratchGeometry& geo = c->geo_;
+        // Cleared before any handle to this memory leaves the process.
         cudaStream_t s;
         check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "creating a stream");
-        cudaError_t e = cudaMemsetAsync(rk->base, 0, geo.total_bytes, s);
-        if (e == cudaSuccess) {
-          e = cudaMemsetAsync(static_cast<char*>(rk->base) + geo.sentinel_offset, kSentinelByte,
-                              geo.plain_offset - geo.sentinel_offset, s);
+        try {
+          c->clear_rank(*rk, s);
+        } catch (...) {
+          cudaStreamDestroy(s);
+          c->groups_.back().push_back(std::move(rk));
+          throw;
         }
-        if (e == cudaSuccess) e = cudaStreamSynchronize(s);
         cudaStreamDestroy(s);
-        check_cuda(e, "clearing the workspace of " + where(*rk));
         c->groups_.back().push_back(std::move(rk));
       }
     }
@@ -256,6 +299,59 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
     throw;
   }
   return c;
+}
+
+void Comm::clear_rank(Rank& r, cudaStream_t s) const {
+  // Everything starts zero (header epochs and error word, flags, LL16 slots,
+  // atomic lines) except the sentinel scratch, which starts poisoned, and the
+  // signature slots, which start idle.
+  const ScratchGeometry& geo = geo_;
+  cudaError_t e = cudaMemsetAsync(r.base, 0, geo.total_bytes, s);
+  if (e == cudaSuccess) {
+    e = cudaMemsetAsync(static_cast<char*>(r.base) + geo.sentinel_offset, kSentinelByte,
+                        geo.plain_offset - geo.sentinel_offset, s);
+  }
+  if (e == cudaSuccess) {
+    e = cudaMemsetAsync(r.header, 0, offsetof(WorkspaceHeader, peer_bases), s);
+  }
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  check_cuda(e, "clearing the workspace of " + where(r));
+  write_idle_signatures(r, geo, s);
+  for (int i = 0; i < kHostErrorWords; ++i) {
+    reinterpret_cast<volatile unsigned long long*>(r.host_error)[i] = 0;
+  }
+}
+
+void Comm::quiesce() const {
+  DeviceGuard guard;
+  for (auto& g : groups_) {
+    for (auto& r : g) {
+      if (!r) continue;
+      check_cuda(cudaSetDevice(r->ordinal), "selecting a device");
+      if (r->stream) check_cuda(cudaStreamSynchronize(r->stream), "waiting for a virtual rank");
+      check_cuda(cudaDeviceSynchronize(), "waiting for the device to go idle");
+    }
+  }
+}
+
+void Comm::reset() {
+  quiesce();
+  DeviceGuard guard;
+  for (auto& g : groups_) {
+    for (auto& r : g) {
+      if (!r) continue;
+      check_cuda(cudaSetDevice(r->ordinal), "selecting a device");
+      cudaStream_t s;
+      check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "creating a stream");
+      try {
+        clear_rank(*r, s);
+      } catch (...) {
+        cudaStreamDestroy(s);
+        throw;
+      }
+      cudaStreamDestroy(s);
+    }
+  }
 }
 
 std::vector<std::string> Comm::ipc_handles() const {
@@ -305,7 +401,7 @@ void Comm::connect(const std::vector<std::vector<std::string>>& handles) {
         header.peer_bases[p] = table.base[p];
       }
       RankView& v = rk->view;
-      v.header = static_cast<WorkspaceHeader*>(rk->base);
+      v.header = rk->header;
       unsigned long long* dev_err = nullptr;
       check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev_err), rk->host_error, 0),
                  "mapping the host error word");
@@ -317,7 +413,9 @@ void Comm::connect(const std::vector<std::vector<std::string>>& handles) {
       v.max_blocks = max_blocks_;
       v.pdl = use_pdl(rk->ordinal) ? 1 : 0;
       v.timeout_ns = config_.timeout_ms * 1000000ull;
-      check_cuda(cudaMemcpy(rk->base, &header, sizeof(header), cudaMemcpyHostToDevice),
+      v.trap = trap_on_error() ? 1 : 0;
+      check_cuda(cudaMemcpy(&rk->header->peer_bases, header.peer_bases, sizeof(header.peer_bases),
+                            cudaMemcpyHostToDevice),
                  "writing the header of " + where(*rk));
     }
   }
@@ -350,8 +448,7 @@ void Comm::set_epochs(uint64_t epoch) {
       check_cuda(cudaSetDevice(r->ordinal), "selecting a device");
       check_cuda(cudaDeviceSynchronize(), "waiting for the device");
       char* base = static_cast<char*>(r->base);
-      check_cuda(cudaMemcpy(base + offsetof(WorkspaceHeader, epochs), h.epochs, sizeof(h.epochs),
-                            cudaMemcpyHostToDevice),
+      check_cuda(cudaMemcpy(r->header->epochs, h.epochs, sizeof(h.epochs), cudaMemcpyHostToDevice),
                  "setting epochs");
       check_cuda(cudaMemcpy(base + geo_.ll_offset, ll.data(), ll_words * 4, cudaMemcpyHostToDevice),
                  "setting LL16 flags");
@@ -369,14 +466,25 @@ uint64_t Comm::error_word(const Rank& r) const {
 std::string Comm::describe_error(const Rank& r, uint64_t word) const {
   const DecodedError d = decode_error(word);
   std::string msg = "jaxll: workspace " + std::to_string(id_) + ", " + where(r) + ": ";
-  if (d.kind == ErrorKind::kTimeout) {
+  const volatile unsigned long long* rec = r.host_error;
+  if (d.kind == ErrorKind::kMismatch) {
+    msg += "rank " + std::to_string(d.rank) + " and rank " + std::to_string(d.peer) +
+           " made different calls (block " + std::to_string(d.block) + ", epoch " +
+           std::to_string(d.epoch) + "): rank " + std::to_string(d.rank) + " called " +
+           describe_signature(rec ? rec[1] : 0) + "; rank " + std::to_string(d.peer) +
+           " called " + describe_signature(rec ? rec[2] : 0) +
+           ". Every rank of a group must make the same jaxll calls in the same order. The "
+           "outputs of this call are poisoned (all-ones bits, NaN for floats), and so are "
+           "those of every later call on this workspace until jaxll.reset() is called on "
+           "every rank.";
+  } else if (d.kind == ErrorKind::kTimeout) {
     msg += "rank " + std::to_string(d.rank) + " waited more than " +
            std::to_string(config_.timeout_ms) + " ms for rank " + std::to_string(d.peer) +
            " (block " + std::to_string(d.block) + ", epoch " + std::to_string(d.epoch) +
            ") and gave up. The ranks of this group are out of step: a rank did not run the "
-           "same sequence of jaxll calls, or was not scheduled. Results of this and every "
-           "later call on this workspace are poisoned (all-ones bits, NaN for floats); free "
-           "the workspace (jaxll.free_workspaces()) or restart the process.";
+           "same sequence of jaxll calls, or was not scheduled, or has died. Results of this "
+           "and every later call on this workspace are poisoned (all-ones bits, NaN for "
+           "floats) until jaxll.reset() is called on every rank.";
   } else {
     char hex[32];
     std::snprintf(hex, sizeof(hex), "0x%016llx", static_cast<unsigned long long>(word));
@@ -406,6 +514,11 @@ void Comm::release() {
       cudaSetDevice(r->ordinal);
       if (r->stream) cudaStreamSynchronize(r->stream);
       cudaDeviceSynchronize();
+      if (r->header) {
+        // The header stays (see take_header), marked freed.
+        const unsigned long long freed = encode_error(ErrorKind::kFreed, r->rank, 0, 0, 0);
+        cudaMemcpy(&r->header->error, &freed, sizeof(freed), cudaMemcpyHostToDevice);
+      }
       if (r->base) cudaFree(r->base);
       if (r->host_error) cudaFreeHost(r->host_error);
       if (r->stream) cudaStreamDestroy(r->stream);

@@ -28,8 +28,9 @@ struct Rank {
   int group = 0;
   int rank = 0;
   int ordinal = 0;                          // CUDA device ordinal
-  void* base = nullptr;                     // the rank's device allocation
-  unsigned long long* host_error = nullptr;  // mapped pinned mirror of the error word
+  void* base = nullptr;                     // the rank's device allocation (scratch)
+  WorkspaceHeader* header = nullptr;        // its header (from a pool, never freed)
+  unsigned long long* host_error = nullptr;  // mapped pinned error record (kHostErrorWords)
   RankView view{};                          // what its kernels get
   cudaStream_t stream = nullptr;            // virtual ranks: the rank's own stream
   cudaEvent_t done = nullptr;               // virtual ranks: joins the rank back
@@ -84,12 +85,27 @@ class Comm {
 
   // Error word of a rank as last written by its kernels (0: none).
   uint64_t error_word(const Rank& r) const;
-  // A sentence describing an error word of this comm.
+  // A sentence describing an error word of this comm (with the signatures of a
+  // mismatch from the rank's error record).
   std::string describe_error(const Rank& r, uint64_t word) const;
+
+  // Recovery: waits for this process's ranks to go idle (a kernel still waiting
+  // for a peer gives up within the timeout), then puts every local rank's
+  // memory, epochs and error record back to the state of a new workspace. Peer
+  // pointers and the id stay, so compiled programs keep working. Every rank of
+  // every group must be reset before any of them runs a call again (for
+  // workspaces spanning processes, jaxll/workspace.py brackets this with
+  // barriers through the distributed key-value store).
+  void reset();
+  // Waits for this process's ranks of the comm to go idle (the first half of reset()).
+  void quiesce() const;
 
  private:
   Comm() = default;
   void release();
+  // Writes the state of a new workspace into rank `r`'s memory (stream-ordered
+  // on `s`) and clears its error record.
+  void clear_rank(Rank& r, cudaStream_t s) const;
 
   int id_ = 0;
   bool virtual_ranks_ = false;
@@ -117,6 +133,10 @@ Comm* comm_lookup(int64_t id);
 bool comm_free(int64_t id);
 void comm_free_all();
 std::vector<int> comm_ids();
+
+// JAXLL_ON_ERROR: "poison" (default) or "trap" (see spin_wait.cuh); throws on
+// any other value.
+bool trap_on_error();
 
 // Throws std::runtime_error("<what>: <CUDA error>") if `err` is not cudaSuccess.
 void check_cuda(cudaError_t err, const std::string& what);

@@ -35,6 +35,13 @@ __device__ __forceinline__ void ll16_store(LL16* dst, uint64_t payload, uint32_t
                : "memory");
 }
 
+// Writes a packet whose two flags differ: it is ready for no epoch.
+__device__ __forceinline__ void ll16_store_never_ready(LL16* dst) {
+  asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(dst), "l"(0ull),
+               "l"(1ull << 32)
+               : "memory");
+}
+
 // Reads a packet in one 16-byte load.
 __device__ __forceinline__ LL16Value ll16_load(const LL16* src) {
   LL16Value v;

@@ -29,6 +29,13 @@ __device__ __forceinline__ LL16* ll_region(const RankView& v, int owner, int pha
   return area + region_index(v.geo, phase, block, parity, src) * (v.geo.region_bytes / 8);
 }
 
+// The signature slot on rank `owner` that rank `src` writes for `block` and `parity`.
+__device__ __forceinline__ LL16* signature_slot(const RankView& v, int owner, int block,
+                                                int parity, int src) {
+  return reinterpret_cast<LL16*>(v.peers.base[owner] + v.geo.sig_offset) +
+         signature_index(v.geo, block, parity, src);
+}
+
 // The sentinel region on rank `owner` (same indexing as ll_region).
 __device__ __forceinline__ char* sentinel_region(const RankView& v, int owner, int phase,
                                                  int block, int parity, int src) {
@@ -84,7 +91,8 @@ __device__ __forceinline__ BlockStart block_begin(const RankView& v, uint32_t ro
 
 __device__ __forceinline__ WaitContext wait_context(const RankView& v, uint64_t epoch) {
   return WaitContext{&v.header->error, v.host_error, v.timeout_ns,
-                     static_cast<uint32_t>(v.rank), blockIdx.x, static_cast<uint32_t>(epoch)};
+                     static_cast<uint32_t>(v.rank), blockIdx.x, static_cast<uint32_t>(epoch),
+                     v.trap != 0};
 }
 
 // Waits until the LL16 packet at `slot` carries `flag`; returns its payload in

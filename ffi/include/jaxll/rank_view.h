@@ -16,8 +16,9 @@ struct PeerTable {
 };
 
 struct RankView {
-  WorkspaceHeader* header;         // this rank's workspace (== peers.base[rank])
-  unsigned long long* host_error;  // mapped host mirror of header->error
+  WorkspaceHeader* header;         // this rank's header (an allocation of its own)
+  unsigned long long* host_error;  // mapped host record (kHostErrorWords; word 0 mirrors
+                                   // header->error)
   PeerTable peers;
   ScratchGeometry geo;             // where the scratch areas are (same on every rank)
   int rank;
@@ -26,6 +27,7 @@ struct RankView {
   int pdl;                         // launch with programmatic dependent launch (see
                                    // launch_order.cuh); set by the host, not read on the device
   uint64_t timeout_ns;
+  int trap;                        // JAXLL_ON_ERROR=trap: trap after recording an error
 };
 
 }  // namespace jaxll

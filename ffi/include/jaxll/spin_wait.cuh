@@ -4,7 +4,9 @@
 // polls, and when the deadline passes it records who waited for whom in the
 // workspace's error word (and its host-visible mirror) and returns false, so the
 // kernel can finish instead of hanging the GPU. A wait also gives up early once
-// another thread of the same rank has recorded an error.
+// another thread of the same rank has recorded an error. With JAXLL_ON_ERROR=trap
+// the thread that records an error then traps, which aborts the CUDA context:
+// nothing queued after the failed call can run on a wrong value.
 #pragma once
 
 #include <cstdint>
@@ -16,11 +18,12 @@ namespace jaxll {
 
 struct WaitContext {
   unsigned long long* error;       // the rank's error word in device memory
-  unsigned long long* host_error;  // its mirror in mapped host memory (may be null)
+  unsigned long long* host_error;  // its host record (kHostErrorWords, mapped; may be null)
   uint64_t timeout_ns;             // deadline, counted from the first failed poll
   uint32_t rank;
   uint32_t block;
   uint32_t epoch;
+  bool trap;                       // trap after recording an error
 };
 
 __device__ __forceinline__ uint64_t globaltimer_ns() {
@@ -33,14 +36,25 @@ __device__ __forceinline__ bool error_raised(const WaitContext& ctx) {
   return *reinterpret_cast<volatile unsigned long long*>(ctx.error) != 0ull;
 }
 
-// Records a timeout while waiting for `peer`. The first error of a rank wins.
-__device__ inline void report_timeout(const WaitContext& ctx, uint32_t peer) {
-  const unsigned long long code =
-      encode_error(ErrorKind::kTimeout, ctx.rank, peer, ctx.block, ctx.epoch);
+// Records an error of `kind` about `peer` (with, for a mismatch, both
+// signatures). The first error of a rank wins; its host record gets the details
+// before the error word, so a host that sees the word sees them too.
+__device__ inline void report_error(const WaitContext& ctx, ErrorKind kind, uint32_t peer,
+                                          uint64_t mine = 0, uint64_t theirs = 0) {
+  const unsigned long long code = encode_error(kind, ctx.rank, peer, ctx.block, ctx.epoch);
   if (atomicCAS(ctx.error, 0ull, code) == 0ull && ctx.host_error != nullptr) {
-    *reinterpret_cast<volatile unsigned long long*>(ctx.host_error) = code;
+    volatile unsigned long long* h = ctx.host_error;
+    h[1] = mine;
+    h[2] = theirs;
+    __threadfence_system();
+    h[0] = code;
     __threadfence_system();
   }
+  if (ctx.trap) __trap();
+}
+
+__device__ __forceinline__ void report_timeout(const WaitContext& ctx, uint32_t peer) {
+  report_error(ctx, ErrorKind::kTimeout, peer);
 }
 
 // Polls `probe()` until it returns true (returns true), the deadline passes

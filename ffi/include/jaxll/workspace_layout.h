@@ -2,8 +2,9 @@
 //
 // Every rank of a group allocates one block of device memory with the same layout:
 //
-//   offset 0               WorkspaceHeader: error word, per-block epochs, peer table
+//   offset 0               unused (the WorkspaceHeader lives in an allocation of its own)
 //   flags_offset           barrier flags [block][source rank] (barrier baselines only)
+//   sig_offset             call signatures: one LL16 slot per [block][parity][source]
 //   ll_offset              LL16 scratch     [phase][block][parity][source] regions
 //   sentinel_offset        sentinel scratch [phase][block][parity][source] regions
 //   plain_offset           plain scratch    [phase][block][source] regions (barrier baselines)
@@ -12,7 +13,13 @@
 // A region carries `region_bytes` bytes of payload for one round of one block
 // (LL16 regions take twice that memory). Phase 0 receives a one-shot push or a
 // two-shot reduce-scatter, phase 1 a two-shot all-gather. Peers write only into
-// the scratch areas and flags of another rank; the header is private to its owner.
+// the scratch areas, signature slots and flags of another rank.
+//
+// The WorkspaceHeader (error word, per-block epochs) is private to its rank and
+// sits in a small allocation of its own that outlives the workspace: a command
+// buffer XLA recorded against a workspace and replays after it was freed reads
+// the header, finds ErrorKind::kFreed, poisons its output and touches nothing
+// else (see workspace.cc).
 #pragma once
 
 #include <cstddef>
@@ -52,7 +59,7 @@ constexpr uint64_t kLLRefreshEpochs = 1ull << 30;
 
 
 struct WorkspaceHeader {
-  // Nonzero once a kernel of this rank gave up waiting (see error_word.h).
+  // Nonzero once a kernel of this rank gave up (see error_word.h).
   unsigned long long error;
   uint64_t reserved[15];
   // Epoch of each block index: the number of rounds that block index has served,
@@ -65,12 +72,17 @@ struct WorkspaceHeader {
 constexpr size_t kHeaderBytes = 4096;
 static_assert(sizeof(WorkspaceHeader) <= kHeaderBytes, "header too large");
 
+// Words of a rank's host-visible error record (mapped pinned memory): the error
+// word, then for a mismatch this rank's call signature and the peer's.
+constexpr int kHostErrorWords = 4;
+
 // Where each scratch area of a rank's allocation starts; identical on every rank.
 struct ScratchGeometry {
   uint32_t region_bytes = 0;  // payload bytes per region per round (multiple of 128)
   int blocks = 0;             // block indices with regions (the grid bound)
   int nranks = 0;
   size_t flags_offset = 0;
+  size_t sig_offset = 0;
   size_t ll_offset = 0;
   size_t sentinel_offset = 0;
   size_t plain_offset = 0;
@@ -90,13 +102,21 @@ inline ScratchGeometry make_geometry(int nranks, int blocks, size_t region_bytes
   const size_t regions = static_cast<size_t>(kPhases) * blocks * 2 * nranks;
   const size_t r = g.region_bytes;
   g.flags_offset = kHeaderBytes;
-  g.ll_offset = align_up(g.flags_offset + sizeof(uint32_t) * kMaxBlocks * kMaxRanks, 4096);
+  g.sig_offset = align_up(g.flags_offset + sizeof(uint32_t) * kMaxBlocks * kMaxRanks, 256);
+  g.ll_offset =
+      align_up(g.sig_offset + static_cast<size_t>(blocks) * 2 * nranks * kLLPacketBytes, 4096);
   g.sentinel_offset = align_up(g.ll_offset + regions * 2 * r, 4096);
   g.plain_offset = align_up(g.sentinel_offset + regions * r, 4096);
   g.atomic_offset =
       align_up(g.plain_offset + static_cast<size_t>(kPhases) * blocks * nranks * r, 4096);
   g.total_bytes = align_up(g.atomic_offset + static_cast<size_t>(blocks) * 2 * r, 4096);
   return g;
+}
+
+// Index of the signature slot [block][parity][src].
+JAXLL_HOST_DEVICE inline size_t signature_index(const ScratchGeometry& g, int block, int parity,
+                                                int src) {
+  return (static_cast<size_t>(block) * 2 + parity) * g.nranks + src;
 }
 
 // Index of the region [phase][block][parity][src] of a double-buffered area.
