@@ -12,6 +12,8 @@ from jaxll.all_reduce import all_reduce
 from jaxll.call_sites import CallSite, explain, recent_call_sites
 from jaxll.lowering import AlgorithmUnavailableError
 from jaxll.workspace import (
+    CollectiveError,
+    CollectiveMismatchError,
     CollectiveTimeoutError,
     Workspace,
     WorkspaceConfig,
@@ -19,6 +21,8 @@ from jaxll.workspace import (
     errors,
     free_workspaces,
     get_config,
+    on_error_mode,
+    reset,
     set_config,
     workspaces,
 )
@@ -29,6 +33,8 @@ __all__ = [
     "ALGORITHMS",
     "AlgorithmUnavailableError",
     "CallSite",
+    "CollectiveError",
+    "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "Workspace",
     "WorkspaceConfig",
@@ -38,7 +44,9 @@ __all__ = [
     "explain",
     "free_workspaces",
     "get_config",
+    "on_error_mode",
     "recent_call_sites",
+    "reset",
     "set_config",
     "workspaces",
 ]

@@ -187,9 +187,67 @@ def _order_in(ctx) -> tuple[ir.Value, list]:
   return mlir.ir_constant(np.zeros((1,), np.uint32)), entry
 
 
+# --- The host check ---------------------------------------------------------------------
+# A kernel that gives up records the error on the device and in pinned host
+# memory, but XLA replays recorded command buffers without asking jaxll, so
+# nothing on the host would see it. So a program with kernel calls gets one
+# ``jaxll_check`` custom call (host only, never in a command buffer) that lists
+# every workspace the program's calls use: each time XLA runs the program it
+# reads their error records on the host and fails the run (ABORTED, with the
+# recorded message) if one holds an error, or FAILED_PRECONDITION if a
+# workspace was freed. It goes first into the region of the first kernel call
+# (the shard_map body), or, when that call sits in a loop or conditional, into
+# the region around it, so it runs once per run of that region.
+_CHECK_KEY = ("jaxll", "host check")
+_CONTROL_FLOW = ("stablehlo.while", "stablehlo.case", "stablehlo.if", "mhlo.while",
+                 "mhlo.case", "mhlo.if")
+
+
+def _check_block():
+  """The block the check goes into, and whether it is a function's top level."""
+  block = ir.InsertionPoint.current.block
+  while True:
+    owner = block.owner
+    name = owner.operation.name if owner is not None else ""
+    if name not in _CONTROL_FLOW:
+      return block, name == "func.func"
+    parent = owner.operation.parent
+    if parent is None:
+      return block, False
+    block = owner.operation.block
+
+
+def _note_workspace_for_check(ctx, workspace: int) -> None:
+  cache = getattr(ctx.module_context, "cached_primitive_lowerings", None)
+  if cache is None:
+    return
+  entry = cache.get(_CHECK_KEY)
+  if entry is None:
+    block, top_level = _check_block()
+    with ir.InsertionPoint.at_block_begin(block):
+      op = mlir.custom_call(
+          "jaxll_check",
+          result_types=[ir.RankedTensorType.get([1], ir.IntegerType.get_unsigned(32))],
+          operands=[],
+          backend_config={"comms": mlir.ir_attribute(np.asarray([workspace], np.int64))},
+          has_side_effect=True, api_version=4)
+    if top_level:
+      # outside a manual (shard_map) region a side-effecting op needs a
+      # sharding: every device runs its own check
+      op.operation.attributes["mhlo.sharding"] = ir.StringAttr.get("{replicated}")
+    entry = cache[_CHECK_KEY] = [op, [workspace]]
+  op, ids = entry
+  if workspace not in ids:
+    ids.append(workspace)
+    op.operation.attributes["mhlo.backend_config"] = ir.DictAttr.get(
+        {"comms": mlir.ir_attribute(np.asarray(ids, np.int64))})
+
+
 def emit_kernel_call(ctx, x, *, workspace: int, algorithm: str, op: str) -> ir.Value:
   """The ``jaxll_all_reduce`` custom call, ordered after the previous one
-  emitted into the same block."""
+  emitted into the same block (and the program's host check told about its
+  workspace)."""
+  _note_workspace_for_check(ctx, workspace)
   order, entry = _order_in(ctx)
   call_ctx = ctx.replace(avals_in=[ctx.avals_in[0], _ORDER_AVAL],
                          avals_out=[ctx.avals_out[0], _ORDER_AVAL])

@@ -116,6 +116,37 @@ def stress(nranks: int, counts, *, dtype="float32", op: str = "sum",
                             counts, int(seed), int(max_delay_us))
 
 
+def calls(nranks: int, ranks, *, device=None,
+          config: workspace.WorkspaceConfig | None = None) -> list[int]:
+  """Fault injection: one all-reduce per virtual rank, each rank with its own
+  arguments. ``ranks[r]`` is a dict for rank r with any of ``algorithm``
+  (default "oneshot_ll"), ``dtype`` ("float32"), ``op`` ("sum"), ``count``
+  (1024), ``skip`` (False: the rank makes no call, it never arrives) and
+  ``delay_us`` (0: how long the rank's stream is held before its call). Inputs
+  are 0x11 bytes. Waits for every rank and returns, per rank, how many of its
+  output elements hold the poison pattern (all-ones bits); errors the kernels
+  recorded are in :func:`jaxll.errors`.
+  """
+  if len(ranks) != nranks:
+    raise ValueError(f"calls: need one dict per rank ({nranks}), got {len(ranks)}")
+  spec = []
+  for r in ranks:
+    unknown = set(r) - {"algorithm", "dtype", "op", "count", "skip", "delay_us"}
+    if unknown:
+      raise ValueError(f"calls: unknown keys {sorted(unknown)}")
+    name = _kernel_name(r.get("algorithm", "oneshot_ll"))
+    dtype = np.dtype(jax.numpy.dtype(r.get("dtype", "float32")))
+    op = r.get("op", "sum")
+    problem = algorithms.kernel_limits(name, dtype, op)
+    if problem:
+      raise TypeError(f"calls: {problem}")
+    spec.append((algorithms.SPECS[name].code, algorithms.DTYPE_CODES[dtype.name],
+                 algorithms.OP_CODES[op], int(r.get("count", 1024)), bool(r.get("skip", False)),
+                 int(r.get("delay_us", 0))))
+  ws = virtual_workspace(nranks, device=device, config=config)
+  return list(ext.virtual_calls(ws.id, spec))
+
+
 def kernel_time_us(nranks: int, nbytes: int, *, dtype="float32", op: str = "sum",
                    algorithm: str = "oneshot_ll", iters: int = 200, reps: int = 20,
                    device=None, config: workspace.WorkspaceConfig | None = None) -> list[float]:

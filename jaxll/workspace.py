@@ -30,8 +30,23 @@ DEFAULT_SCRATCH_BYTES = 512 * 1024
 DEFAULT_TIMEOUT_MS = 10_000
 
 
-class CollectiveTimeoutError(RuntimeError):
+class CollectiveError(RuntimeError):
+  """A jaxll kernel recorded an error: the outputs of the call that failed,
+  and of every later call on its workspace, are poisoned until
+  :func:`reset`."""
+
+
+class CollectiveTimeoutError(CollectiveError):
   """A jaxll kernel gave up waiting for a peer: the ranks are out of step."""
+
+
+class CollectiveMismatchError(CollectiveError):
+  """Ranks of one group made different calls (element count, dtype, op or
+  algorithm) at the same point."""
+
+
+# Error kinds of the error word (ffi/include/jaxll/error_word.h).
+_KIND_TIMEOUT, _KIND_MISMATCH = 1, 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +130,7 @@ def get_workspace(ordinals: Sequence[Sequence[int]], device_ids: Sequence[Sequen
   ordinals = tuple(tuple(int(o) for o in g) for g in ordinals)
   device_ids = tuple(tuple(int(d) for d in g) for g in device_ids)
   key = (virtual, device_ids, ordinals, config)
+  on_error_mode()  # a bad JAXLL_ON_ERROR fails here, before anything is built
   with _lock:
     ws = _registry.get(key)
     if ws is None:
@@ -146,6 +162,7 @@ def get_distributed_workspace(groups, *, config: WorkspaceConfig | None = None) 
   me = jax.process_index()
   device_ids = tuple(tuple(int(d.id) for d in g) for g in groups)
   key = ("distributed", device_ids, config)
+  on_error_mode()
   with _lock:
     ws = _registry.get(key)
     if ws is None:
@@ -166,7 +183,13 @@ def free_workspaces() -> None:
 
   Compiled functions refer to workspaces by id, so this also clears JAX's
   caches: functions are lowered again (building new workspaces) when next
-  called. Call it only when no jaxll computation is in flight.
+  called. A compiled executable kept across this call (``jit(f).lower(...)
+  .compile()``) fails clearly instead: its host check raises
+  FAILED_PRECONDITION ("workspace N was freed"), and a kernel XLA replays from
+  a recorded command buffer finds its header marked freed (headers, 1 KiB per
+  rank, are never freed), poisons its output and touches no freed memory.
+  Call it only when no jaxll computation is in flight. To recover from an
+  error without recompiling, use :func:`reset`.
   """
   import jax
   with _lock:
@@ -175,26 +198,101 @@ def free_workspaces() -> None:
   jax.clear_caches()
 
 
-def errors() -> list[str]:
-  """Messages for every error jaxll kernels recorded (empty if none)."""
+def _recorded() -> list[tuple[int, str]]:
   out = []
   for ws in workspaces():
-    for *_, message in ext.comm_errors(ws.id):
-      out.append(message)
+    for *_, word, message in ext.comm_errors(ws.id):
+      out.append((int(ext.decode_error(word)[0]), message))
   return out
 
 
-def check_errors() -> None:
-  """Raises :class:`CollectiveTimeoutError` if a jaxll kernel has given up.
+def errors() -> list[str]:
+  """Messages for every error jaxll kernels recorded (empty if none). Reads
+  host memory only: it works even after JAXLL_ON_ERROR=trap aborted the CUDA
+  context."""
+  return [message for _, message in _recorded()]
 
-  A kernel that times out waiting for a peer records who waited for whom and
-  fills its output with all-ones bits (NaN for floats) rather than hang. Under
-  CUDA graphs / XLA command buffers the host is not consulted on every call, so
-  call this after a step to turn such a failure into an exception.
+
+def check_errors() -> None:
+  """Raises :class:`CollectiveMismatchError` or :class:`CollectiveTimeoutError`
+  if a jaxll kernel has recorded an error.
+
+  A kernel that gives up (a peer never came, or made a different call) records
+  what happened in pinned host memory before it ends and fills its output with
+  all-ones bits (NaN for floats). After any host synchronization with a step's
+  outputs (``block_until_ready``, ``device_get``), this reports every failure of
+  that step. Programs check by themselves too, each time they start (see
+  README, "Errors"), which reports a failure one step later.
   """
-  found = errors()
+  found = _recorded()
   if found:
-    raise CollectiveTimeoutError("\n".join(found))
+    kind = found[0][0]
+    cls = CollectiveMismatchError if kind == _KIND_MISMATCH else CollectiveTimeoutError
+    raise cls("\n".join(message for _, message in found))
+
+
+RESET_TIMEOUT_S = 300.0
+_reset_generation: dict[str, int] = {}
+
+
+def reset(*, timeout_s: float = RESET_TIMEOUT_S) -> None:
+  """Makes every workspace of this process usable again after an error.
+
+  Waits for this process's jaxll kernels to finish (a kernel still waiting for
+  a peer gives up within the workspace's timeout), then puts every workspace
+  back in the state of a new one: epochs, scratch and error records cleared.
+  Workspace ids and memory stay, so compiled functions keep working, without
+  being compiled again. Collective: every process that shares a workspace
+  must call it at the same point of its program (between the same two steps);
+  for a workspace spanning processes the calls meet at two barriers through
+  ``jax.distributed``'s key-value store (all quiet, then all cleared) and a
+  process that does not arrive within `timeout_s` makes it raise
+  :class:`CollectiveError`. Not possible after JAXLL_ON_ERROR=trap aborted the
+  CUDA context: restart the process then.
+  """
+  for ws in workspaces():
+    if not ws.distributed:
+      ext.comm_reset(ws.id)
+      continue
+    import jax
+    from jaxll import distributed
+    client = distributed._client()
+    if client is None:
+      raise CollectiveError("jaxll.reset(): jax.distributed is no longer initialized")
+    ids = {d for g in ws.device_ids for d in g}
+    processes = sorted({d.process_index for d in jax.devices() if d.id in ids})
+    me = jax.process_index()
+    import hashlib
+    digest = hashlib.sha1(repr((ws.device_ids, ws.config)).encode()).hexdigest()[:16]
+    gen = _reset_generation.get(digest, 0)
+    _reset_generation[digest] = gen + 1
+    prefix = f"jaxll/reset/{digest}/{gen}"
+    timeout_ms = int(timeout_s * 1000)
+
+    def barrier(step: str) -> None:
+      client.key_value_set(f"{prefix}/{step}/{me}", "ok")
+      for p in processes:
+        try:
+          client.blocking_key_value_get(f"{prefix}/{step}/{p}", timeout_ms)
+        except Exception as e:  # the store raises on timeout
+          raise CollectiveError(
+              f"jaxll.reset(): process {p} did not reach the '{step}' barrier of workspace "
+              f"{ws.id} within {timeout_s:g} s (has it died? a workspace spanning a dead "
+              f"process cannot be reset; restart the job): {e}") from None
+
+    ext.comm_quiesce(ws.id)
+    barrier("quiet")
+    ext.comm_reset(ws.id)
+    barrier("cleared")
+
+
+def on_error_mode() -> str:
+  """``"poison"`` (default) or ``"trap"``, from JAXLL_ON_ERROR (read when a
+  workspace is built). Raises ValueError for any other value."""
+  try:
+    return "trap" if ext.trap_on_error() else "poison"
+  except RuntimeError as e:
+    raise ValueError(str(e)) from None
 
 
 @atexit.register
