@@ -322,3 +322,36 @@ def test_kernel_calls_are_chained_in_program_order(mesh1, monkeypatch):
     assert re.search(rf"{re.escape(first_order)} = stablehlo\.constant dense<0> : tensor<1xui32>",
                      text), first_order
   assert text.count("@jaxll_all_reduce(") == 6
+
+
+def test_program_starts_with_one_host_check_of_every_workspace(mesh1, monkeypatch):
+  # XLA replays command buffers without calling jaxll, so a program with kernel
+  # calls starts with one host-only jaxll_check that lists every workspace its
+  # calls use (it fails the run if one holds an error or was freed). Lowering
+  # only, as above: two call sites forced onto workspaces 7 and 9, one of them
+  # inside a loop.
+  ids = iter([7, 9, 7, 9])
+  monkeypatch.setattr(lowering, "decide", lambda ctx, aval, axes, op, requested:
+                      lowering.Decision("oneshot_ll", "forced by the test", next(ids), 8))
+
+  def body(a):
+    a = jaxll.all_reduce(a, "tp")
+    a = jax.lax.fori_loop(0, 2, lambda i, v: jaxll.all_reduce(v, "tp"), a)
+    return jaxll.all_reduce(jaxll.all_reduce(a, "tp"), "tp")
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh1, in_specs=P("tp"), out_specs=P(),
+                            check_vma=False))
+  text = f.lower(_put(mesh1, np.ones((8,), np.float32), P("tp"))).as_text()
+  checks = re.findall(r"stablehlo\.custom_call @jaxll_check\(\).*", text)
+  assert len(checks) == 1, checks
+  assert "has_side_effect = true" in checks[0]
+  assert re.search(r"comms = dense<\[7, 9\]> : tensor<2xi64>", checks[0]), checks[0]
+  # it comes first in the shard_map body, outside the loop
+  assert text.index("@jaxll_check") < text.index("@jaxll_all_reduce")
+  assert text.index("@jaxll_check") < text.index("stablehlo.while")
+
+
+def test_no_host_check_without_kernel_calls(mesh1):
+  f = jax.jit(jax.shard_map(lambda a: jaxll.all_reduce(a, "tp"), mesh=mesh1, in_specs=P("tp"),
+                            out_specs=P(), check_vma=False))
+  assert "jaxll_check" not in f.lower(_put(mesh1, np.ones((8,), np.float32), P("tp"))).as_text()

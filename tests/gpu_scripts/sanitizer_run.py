@@ -1,4 +1,5 @@
-"""A small virtual-rank run for compute-sanitizer (memcheck, racecheck, synccheck).
+"""A small virtual-rank run for compute-sanitizer (memcheck, racecheck, synccheck,
+initcheck; tests/gpu_scripts/sanitizers.sh runs all four).
 
   compute-sanitizer --tool racecheck python3 tests/gpu_scripts/sanitizer_run.py [CALLS] [RANKS]
 
@@ -7,8 +8,10 @@ is never started, so the sanitizer sees jaxll's kernels alone): N virtual
 ranks on CUDA device 0 for each N in RANKS (comma-separated, default 2,3; the
 kernels are compiled separately for 1, 2, 4 and 8 ranks and for any other
 count), f32 and bf16, mixed sizes including unaligned ones, on a workspace with
-4 KiB of scratch per round so most calls take several rounds. Exits non-zero
-on any mismatch or recorded timeout.
+4 KiB of scratch per round so most calls take several rounds; then the error
+paths: ranks that disagree on a call, a rank that never arrives, calls on a
+workspace in error, and a reset. Exits non-zero on any mismatch, unexpected
+error or missing one.
 """
 import sys
 
@@ -30,6 +33,27 @@ for n in ranks:
                                counts, n, 5)
       print(n, name, dtype, res["mismatches"], res["error"] or "no error", flush=True)
       bad += res["mismatches"] + (1 if res["error"] else 0)
+  ext.free_comm(comm)
+  if n == 1:
+    continue
+  # error paths: a mismatch, a rank that never arrives, then a reset
+  comm = ext.create_comm([[0] * n], True, 4096, 3000)
+  ll, sen = algorithms.SPECS["oneshot_ll"].code, algorithms.SPECS["twoshot_sentinel"].code
+  spec = [(ll, 0, 0, 5000, False, 0)] * n
+  spec[-1] = (sen, 0, 0, 3000, False, 0)
+  got = ext.virtual_calls(comm, spec)
+  kinds = {int(ext.decode_error(w)[0]) for *_, w, _ in ext.comm_errors(comm)}
+  print(n, "mismatch", got, kinds, flush=True)
+  bad += int(got != [5000] * (n - 1) + [3000] or kinds != {2})
+  ext.comm_reset(comm)
+  spec = [(sen, 0, 0, 5000, r == 0, 0) for r in range(n)]
+  got = ext.virtual_calls(comm, spec)
+  print(n, "skip", got, flush=True)
+  bad += int(got != [0] + [5000] * (n - 1) or not ext.comm_errors(comm))
+  ext.comm_reset(comm)
+  got = ext.virtual_calls(comm, [(ll, 0, 0, 5000, False, 0)] * n)
+  print(n, "after reset", got, flush=True)
+  bad += int(got != [0] * n or bool(ext.comm_errors(comm)))
   ext.free_comm(comm)
 print("SANITIZER_RUN", "FAILED" if bad else "OK", flush=True)
 sys.exit(1 if bad else 0)

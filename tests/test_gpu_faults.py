@@ -1,0 +1,317 @@
+"""GPU tier, fault injection (one GPU): ranks that never arrive, are late or make
+different calls, poisoned-looking inputs, workspaces created, freed and reset
+in loops; on virtual ranks (N ranks on one GPU, one stream each) and with
+jax.distributed processes sharing the GPU (tests/mp_scripts/fault_checks.py).
+What each fault looks like to the user is in benchmarks/README.md, "Faults".
+Marked ``gpu``."""
+
+import os
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxll
+import jaxll.testing as jt
+from jaxll import algorithms, launch
+from jaxll._ext import ext
+from mp_checks import GPU_ENV, TIMEOUT
+
+pytestmark = pytest.mark.gpu
+
+KERNELS = algorithms.KERNELS
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAULTS = os.path.join(HERE, "mp_scripts", "fault_checks.py")
+CFG = jaxll.WorkspaceConfig(timeout_ms=300)
+
+
+@pytest.fixture(autouse=True)
+def recovered():
+  """Every test leaves every workspace of the process usable."""
+  yield
+  jaxll.reset()
+  assert jaxll.errors() == []
+
+
+def _call(algorithm="oneshot_ll", **kw):
+  return dict(algorithm=algorithm, **kw)
+
+
+@pytest.mark.parametrize("algorithm", KERNELS)
+def test_rank_that_never_arrives_then_reset(algorithm):
+  n, count = 3, 5000
+  t0 = time.monotonic()
+  got = jt.calls(n, [_call(algorithm, count=count), _call(algorithm, count=count, skip=True),
+                     _call(algorithm, count=count)], config=CFG)
+  took = time.monotonic() - t0
+  # the ranks that came waited one timeout, then poisoned all of their output
+  assert got == [count, 0, count], got
+  assert 0.3 <= took < 5, took
+  # (LL128-atomic owners wait on their own arrival counters: "for rank <self>")
+  with pytest.raises(jaxll.CollectiveTimeoutError, match=r"waited more than 300 ms for rank"):
+    jaxll.check_errors()
+  # later calls of the ranks in error are poisoned without communicating (rank
+  # 1, which missed the first call, pairs its first with the data the others
+  # sent before they gave up: its sequence of calls is intact) ...
+  got = jt.calls(n, [_call(algorithm, count=count)] * n, config=CFG)
+  assert got[0] == count and got[2] == count, got
+  # ... until every rank is reset: then the same workspace works again
+  ws = jt.virtual_workspace(n, config=CFG)
+  jaxll.reset()
+  assert jaxll.errors() == [] and jt.virtual_workspace(n, config=CFG).id == ws.id
+  assert jt.calls(n, [_call(algorithm, count=count)] * n, config=CFG) == [0] * n
+  res = jt.stress(n, [10, 5000, 70_000], algorithm=algorithm, config=CFG)
+  assert res["error"] == "" and res["mismatches"] == 0, res
+
+
+@pytest.mark.parametrize("algorithm", ["oneshot_ll", "twoshot_sentinel", "oneshot_barrier"])
+def test_late_rank_below_the_timeout_succeeds(algorithm):
+  cfg = jaxll.WorkspaceConfig(timeout_ms=1000)
+  got = jt.calls(4, [_call(algorithm, count=3000, delay_us=500_000 if r == 2 else 0)
+                     for r in range(4)], config=cfg)
+  assert got == [0, 0, 0, 0] and jaxll.errors() == []
+  res = jt.stress(4, [100, 4000, 90_000] * 20, algorithm=algorithm, config=cfg)
+  assert res["error"] == "" and res["mismatches"] == 0, res
+
+
+# (rank 0's call, rank 1's call): each pair differs in one thing
+MISMATCHES = {
+    "count": (dict(count=4096), dict(count=4095)),
+    "count_blocks": (dict(count=8), dict(count=300_000)),
+    "dtype_same_bytes": (dict(dtype="float32"), dict(dtype="int32")),
+    "dtype": (dict(dtype="float32"), dict(dtype="bfloat16")),
+    "op": (dict(op="sum"), dict(op="max")),
+    "algorithm": (dict(algorithm="oneshot_ll"), dict(algorithm="oneshot_sentinel")),
+    "family": (dict(algorithm="oneshot_ll"), dict(algorithm="twoshot_ll")),
+    "barrier": (dict(algorithm="oneshot_barrier"), dict(algorithm="twoshot_barrier")),
+    "atomic": (dict(algorithm="twoshot_ll128_atomic"), dict(algorithm="twoshot_sentinel")),
+}
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("case", list(MISMATCHES))
+def test_mismatched_calls_are_detected_never_a_wrong_result(case, n):
+  cfg = jaxll.WorkspaceConfig(timeout_ms=5000)
+  a, b = MISMATCHES[case]
+  ranks = [dict(a) for _ in range(n)]
+  ranks[1] = dict(b)
+  for r in ranks:
+    r.setdefault("count", 4096)
+  t0 = time.monotonic()
+  got = jt.calls(n, ranks, config=cfg)
+  took = time.monotonic() - t0
+  # every rank's whole output is poisoned, found without waiting for the timeout
+  assert got == [r["count"] for r in ranks], got
+  assert took < 2.5, took
+  with pytest.raises(jaxll.CollectiveMismatchError, match="made different calls") as e:
+    jaxll.check_errors()
+  msg = str(e.value)
+  for sig in (a, b):
+    want = ext.describe_signature(ext.call_signature(
+        algorithms.SPECS[sig.get("algorithm", "oneshot_ll")].code,
+        algorithms.DTYPE_CODES[sig.get("dtype", "float32")],
+        algorithms.OP_CODES[sig.get("op", "sum")], sig.get("count", 4096)))
+    assert want in msg, (want, msg)
+  jaxll.reset()
+  assert jt.calls(n, [dict(a, count=a.get("count", 4096))] * n, config=cfg) == [0] * n
+
+
+@pytest.mark.parametrize("algorithm", KERNELS)
+def test_nan_storm_and_inputs_made_of_the_sentinel_pattern(algorithm):
+  rng = np.random.default_rng(0)
+  for dtype in (np.float32, jnp.bfloat16, np.float16, np.int32):
+    dt = np.dtype(dtype)
+    if algorithms.kernel_limits(algorithm, dt, "sum"):
+      continue
+    bits = {2: np.uint16, 4: np.uint32}[dt.itemsize]
+    ones = np.full((4, 70_000), np.iinfo(bits).max, bits).view(dt)  # the sentinel, everywhere
+    out = np.asarray(jt.virtual_all_reduce(ones, algorithm=algorithm))
+    if dt == np.int32:
+      assert (out == -4).all()
+    else:
+      assert np.isnan(out.astype(np.float32)).all()
+    if dt != np.int32:
+      # NaNs of every payload and sign, and infinities, 50 calls in a row
+      storm = rng.integers(0, 1 << (8 * dt.itemsize), size=(4, 20_000)).astype(bits)
+      exp_mask = {np.dtype(np.float32): 0x7F800000, np.dtype(np.float16): 0x7C00,
+                  np.dtype(jnp.bfloat16): 0x7F80}[dt]
+      storm = (storm | bits(exp_mask)).view(dt)  # exponent all ones: NaN or inf
+      for _ in range(50):
+        out = np.asarray(jt.virtual_all_reduce(storm, algorithm=algorithm)).astype(np.float32)
+        want = storm.astype(np.float64).sum(0)
+        assert np.array_equal(np.isnan(out[0]), np.isnan(want))
+        assert np.array_equal(out[0][~np.isnan(want)], want[~np.isnan(want)])
+    x = rng.standard_normal((4, 5000)).astype(np.float32)
+    if algorithms.kernel_limits(algorithm, np.dtype(np.float32), "sum") is None:
+      out = np.asarray(jt.virtual_all_reduce(x, algorithm=algorithm))
+      np.testing.assert_allclose(out[0], x.astype(np.float64).sum(0), rtol=1e-4, atol=1e-4)
+  assert jaxll.errors() == []
+
+
+def test_hundred_meshes_then_free_and_rebuild_without_memory_growth():
+  gpu = jax.devices("cuda")[0]
+  o = gpu.local_hardware_id
+
+  def one_mesh(i):
+    mesh = Mesh(np.array([gpu]), (f"axis{i}",))
+    f = jax.jit(jax.shard_map(lambda v: jaxll.all_reduce(v, f"axis{i}", algorithm="oneshot_ll"),
+                              mesh=mesh, in_specs=P(f"axis{i}"), out_specs=P(f"axis{i}")))
+    x = jax.device_put(np.arange(64, dtype=np.float32), NamedSharding(mesh, P(f"axis{i}")))
+    assert np.array_equal(np.asarray(f(x)), np.arange(64, dtype=np.float32))
+
+  for i in range(10):
+    one_mesh(i)
+  before, ws_before = ext.device_memory_free(o), len(jaxll.workspaces())
+  for i in range(10, 110):
+    one_mesh(i)
+  after = ext.device_memory_free(o)
+  assert len(jaxll.workspaces()) == ws_before  # every mesh over this GPU shares one
+  assert before - after < 4 << 20, (before, after)
+  # free and rebuild 20 times: the scratch is returned, only the headers (1 KiB
+  # per rank, from a 256 KiB chunk) stay
+  for i in range(20):
+    jaxll.free_workspaces()
+    one_mesh(200 + i)
+  after_free = ext.device_memory_free(o)
+  assert before - after_free < 4 << 20, (before, after_free)
+
+
+def test_compiled_function_outliving_its_workspace_fails_clearly():
+  gpu = jax.devices("cuda")[0]
+  mesh = Mesh(np.array([gpu]), ("x",))
+
+  def body(v):
+    for _ in range(6):
+      v = jaxll.all_reduce(v, "x", algorithm="oneshot_ll") + 1
+    return v
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")),
+              donate_argnums=0)
+  x = jax.device_put(np.zeros(256, np.float32), NamedSharding(mesh, P("x")))
+  compiled = f.lower(x).compile()
+  for _ in range(5):
+    x = compiled(x)
+  assert float(np.asarray(x)[0]) == 30.0
+  jaxll.free_workspaces()
+  with pytest.raises(Exception, match=r"was freed") as e:
+    np.asarray(compiled(x))
+  assert "FAILED_PRECONDITION" in str(e.value)
+  # a new compilation builds a new workspace and runs
+  x = jax.device_put(np.zeros(256, np.float32), NamedSharding(mesh, P("x")))
+  assert float(np.asarray(f(x))[0]) == 6.0
+
+
+def test_soak_a_million_mixed_calls():
+  """10^6 calls, every algorithm, sizes from 1 element to 2 blocks of rounds,
+  ranks skewed by random delays, every element checked bit for bit (or within
+  tolerance for LL128-atomic) on the device."""
+  calls = int(os.environ.get("JAXLL_SOAK_CALLS", "1000000"))
+  rng = np.random.default_rng(12)
+  counts = np.where(rng.random(calls) < 0.97, rng.integers(1, 3000, calls),
+                    rng.integers(3000, 40_000, calls))
+  t0 = time.monotonic()
+  res = jt.stress(4, counts, algorithm=list(KERNELS), seed=12, max_delay_us=3,
+                  config=jaxll.WorkspaceConfig(scratch_bytes=16384))
+  took = time.monotonic() - t0
+  print(f"\nsoak: {res['calls']} calls, {res['mismatches']} mismatches, {took:.0f} s")
+  assert res["calls"] == calls and res["mismatches"] == 0 and res["error"] == "", res
+
+
+def test_trap_mode_aborts_the_context_and_still_reports():
+  script = os.path.join(HERE, "gpu_scripts", "trap_mode.py")
+  r = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300,
+                     env=dict(os.environ, JAXLL_ON_ERROR="trap"))
+  out = r.stdout + r.stderr
+  assert "TRAP_MODE OK" in out, out[-3000:]
+
+
+# --- processes ----------------------------------------------------------------------------
+
+ENV = dict(GPU_ENV, JAXLL_TIMEOUT_MS="2000", JAXLL_AUTO_MAX_BYTES=str(1 << 40))
+
+
+@pytest.fixture(scope="module")
+def mps():
+  if not launch.mps_available():
+    yield False
+    return
+  daemon = launch.MpsDaemon()
+  yield daemon
+  daemon.stop()
+
+
+def _run(scenario, n=2, mps=False, **kw):
+  workers = launch.run(FAULTS, n, args=["--scenario", scenario, *kw.pop("args", [])],
+                       timeout=TIMEOUT, env=ENV, mps=mps, devices=["0"] * n)
+  for w in workers:
+    print(f"\nprocess {w.process_id}: {w.result}")
+  return [w.result for w in workers]
+
+
+def _states(result):
+  return [s.get("state", s.get("exception")) for s in result["steps"]]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_process_killed_mid_loop(dtype, mps):
+  r0, r1 = _run("killed", mps=mps, args=["--dtype", dtype])
+  assert _states(r1) == ["right"] * 20
+  steps = r0["steps"]
+  assert [s["state"] for s in steps[:20]] == ["right"] * 20
+  # the step the dead process missed: poisoned after one timeout ...
+  assert steps[20]["state"] == "poisoned" and 2.0 <= steps[20]["seconds"] < 10
+  # ... and the next step fails at its start (the program's host check)
+  assert "ABORTED" in steps[21]["exception"] and "waited more than 2000 ms" in steps[21]["exception"]
+  assert len(steps) == 22
+  assert r0["check_errors"].startswith("CollectiveTimeoutError")
+  assert r0["reset"].startswith("CollectiveError") and "did not reach" in r0["reset"]
+
+
+def test_late_process_succeeds(mps):
+  for r in _run("late", mps=mps):
+    assert _states(r) == ["right"] * 20 and r["check_errors"] == "no error"
+
+
+def test_mismatched_processes_are_detected_and_reset(mps):
+  for r in _run("mismatch", mps=mps):
+    states = {s["step"]: s for s in r["steps"]}
+    assert all(states[i]["state"] == "right" for i in range(10))
+    for start in (10, 20, 30):
+      first = states[start]
+      assert first.get("state", "").endswith("poisoned"), first
+      assert first["seconds"] < 2.0, first  # found at once, not after the timeout
+      assert "mismatch" in r[f"check_errors_after_{start + 9}"].lower() or \
+          "made different calls" in r[f"check_errors_after_{start + 9}"]
+      assert r[f"reset_after_{start + 9}"].startswith("ok")
+      after = [s for s in r["steps"] if s["step"] > start and s["step"] < start + 10]
+      assert after and "exception" in after[0] and "ABORTED" in after[0]["exception"]
+    assert r["check_errors_at_end"] == "no error"
+
+
+def test_skipped_call_then_reset(mps):
+  # Calls pair up by their order: process 1's step 11 pairs with process 0's
+  # step 10 (same values, so both are right), and process 0's step 12 waits for
+  # a step process 1 never makes: it times out, poisoned; both then reset.
+  r0, r1 = _run("skip", mps=mps)
+  states0 = {s["step"]: s for s in r0["steps"]}
+  assert states0[12]["state"] == "poisoned" and states0[12]["seconds"] >= 2.0, states0[12]
+  assert r0["check_errors_after_12"].startswith("CollectiveTimeoutError")
+  for r in (r0, r1):
+    after = [s for s in r["steps"] if s["step"] >= 13]
+    assert len(after) == 17 and all(s["state"] == "right" for s in after), after
+    assert r["reset"].startswith("ok") and r["check_errors_at_end"] == "no error"
+
+
+def test_dp_tp_interleaved_and_two_meshes_on_the_same_devices(mps):
+  for r in _run("layouts", n=4, mps=mps):
+    assert r["dp_tp_steps_right"] == 200 and r["alternate_meshes_steps_right"] == 200, r
+    # tp, dp and dp+tp groups; the alternating meshes' groups are the same
+    # device groups, so they share those workspaces
+    assert len([w for w in r["workspaces_used"] if w]) == 3, r
+    assert r["check_errors_at_end"] == "no error"
