@@ -62,7 +62,7 @@ int dtype_bytes(DType t) {
 }
 
 LaunchPlan plan_all_reduce(Algorithm algorithm, int64_t count, int elem_bytes, int nranks,
-                           const ScratchGeometry& geo, int max_blocks) {
+                           const ScratchGeometry& geo, int max_blocks, bool signatures) {
   LaunchPlan plan;
   Shape s;
   if (!shape_of(algorithm, &s) || count <= 0 || elem_bytes <= 0 || nranks < 1 ||
@@ -102,7 +102,7 @@ LaunchPlan plan_all_reduce(Algorithm algorithm, int64_t count, int elem_bytes, i
   plan.blocks = static_cast<int>(blocks);
   // A spare warp where the block has room: its last n-1 threads check the
   // peers' call signatures (all_reduce_common.cuh) beside the data path.
-  const int64_t sig_warp = nranks > 1 ? 32 : 0;
+  const int64_t sig_warp = nranks > 1 && signatures ? 32 : 0;
   plan.threads = static_cast<int>(std::min<int64_t>(kBlockThreads, round_up32(work) + sig_warp));
   plan.units = units;
   plan.span = span;
@@ -144,7 +144,8 @@ cudaError_t launch_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op, con
   const void* fn = table().find(s.family, s.proto, dtype, op, view.nranks);
   if (fn == nullptr) return cudaErrorInvalidValue;
   const LaunchPlan plan =
-      plan_all_reduce(algorithm, count, dtype_bytes(dtype), view.nranks, view.geo, view.max_blocks);
+      plan_all_reduce(algorithm, count, dtype_bytes(dtype), view.nranks, view.geo, view.max_blocks,
+                      view.signatures != 0);
   if (plan.blocks == 0) return cudaErrorInvalidValue;
   // With programmatic dependent launch a kernel may be scheduled while the one
   // ahead of it on the stream still runs, so two of this rank's grids can be

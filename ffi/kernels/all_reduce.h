@@ -44,7 +44,7 @@ struct LaunchPlan {
 // whose grids are bounded by `max_blocks`. Depends only on its arguments, so
 // every rank computes the same plan.
 LaunchPlan plan_all_reduce(Algorithm algorithm, int64_t count, int elem_bytes, int nranks,
-                           const ScratchGeometry& geo, int max_blocks);
+                           const ScratchGeometry& geo, int max_blocks, bool signatures = true);
 
 // The signature every rank's call must carry (jaxll/error_word.h).
 uint64_t call_signature(Algorithm algorithm, DType dtype, ReduceOp op, int64_t count);

@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) oneshot_kernel
     poison_units<T, W>(y, share.u0, share.u1, a.count, vec);
     return;
   }
-  const int sig_lane = NR == 1 ? 0 : signature_lane(n);
+  const int sig_lane = NR == 1 || !v.signatures ? 0 : signature_lane(n);
   send_signature(a, sig_lane, n, bs.epoch);
   bool ok = signature_ok(a, sig_lane, n, bs.epoch);
   for (uint32_t r = 0; r < share.rounds; ++r) {

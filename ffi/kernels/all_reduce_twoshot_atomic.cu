@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) twoshot_atomic
       S::store(y, l, lane, a.count, poison);
     return;
   }
-  const int sig_lane = signature_lane(n);
+  const int sig_lane = v.signatures ? signature_lane(n) : 0;
   send_signature(a, sig_lane, n, bs.epoch);
   const uint32_t arrived = counter_bits<T>(n);
   const uint4 one = counter_slice<T>(counter_bits<T>(1));

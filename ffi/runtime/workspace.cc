@@ -122,6 +122,14 @@ bool trap_on_error() {
   throw std::runtime_error("JAXLL_ON_ERROR must be 'poison' or 'trap', got '" + want + "'");
 }
 
+bool check_signatures() {
+  const char* env = std::getenv("JAXLL_SIGNATURES");
+  const std::string want = env ? env : "";
+  if (want.empty() || want == "1") return true;
+  if (want == "0") return false;
+  throw std::runtime_error("JAXLL_SIGNATURES must be 0 or 1, got '" + want + "'");
+}
+
 int device_block_bound(int ordinal) {
   DeviceGuard guard(ordinal);
   int sms = 0;
@@ -414,6 +422,7 @@ void Comm::connect(const std::vector<std::vector<std::string>>& handles) {
       v.pdl = use_pdl(rk->ordinal) ? 1 : 0;
       v.timeout_ns = config_.timeout_ms * 1000000ull;
       v.trap = trap_on_error() ? 1 : 0;
+      v.signatures = check_signatures() ? 1 : 0;
       check_cuda(cudaMemcpy(&rk->header->peer_bases, header.peer_bases, sizeof(header.peer_bases),
                             cudaMemcpyHostToDevice),
                  "writing the header of " + where(*rk));

@@ -137,6 +137,10 @@ std::vector<int> comm_ids();
 // JAXLL_ON_ERROR: "poison" (default) or "trap" (see spin_wait.cuh); throws on
 // any other value.
 bool trap_on_error();
+// JAXLL_SIGNATURES: "1" (default) checks every call's signature against the
+// peers' (all_reduce_common.cuh), "0" does not (a mismatch then goes unnoticed
+// or surfaces as a timeout); throws on any other value.
+bool check_signatures();
 
 // Throws std::runtime_error("<what>: <CUDA error>") if `err` is not cudaSuccess.
 void check_cuda(cudaError_t err, const std::string& what);

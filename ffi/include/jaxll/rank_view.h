@@ -28,6 +28,7 @@ struct RankView {
                                    // launch_order.cuh); set by the host, not read on the device
   uint64_t timeout_ns;
   int trap;                        // JAXLL_ON_ERROR=trap: trap after recording an error
+  int signatures;                  // check call signatures (JAXLL_SIGNATURES, default 1)
 };
 
 }  // namespace jaxll
