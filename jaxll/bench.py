@@ -584,9 +584,13 @@ def main(argv=None) -> int:
   except RuntimeError:
     gpus = []
   if not gpus:
-    print("jaxll.bench: JAX sees no CUDA GPU (backend: "
-          f"{jax.default_backend()}); there is nothing to measure. Run it on a machine "
-          "with an NVIDIA GPU and jax's CUDA plugin.")
+    reason = (f"JAX sees no CUDA GPU (backend: {jax.default_backend()}); there is nothing "
+              "to measure. Run it on a machine with an NVIDIA GPU and jax's CUDA plugin.")
+    print("jaxll.bench: " + reason)
+    if args.json:  # a report that says why it holds no measurement, not no file
+      with open(args.json, "w") as f:
+        json.dump({"measured": False, "reason": reason, "records": []}, f, indent=1)
+      print(f"wrote {args.json} (no measurements)")
     return 0
 
   n_virtual = len([a for a in args.algorithms if a != "xla"])

@@ -16,7 +16,9 @@ import re
 import threading
 
 logger = logging.getLogger("jaxll")
-if os.environ.get("JAXLL_LOG_PATHS"):
+from jaxll import settings
+
+if settings.env_flag("JAXLL_LOG_PATHS"):
   logger.setLevel(logging.INFO)
   if not logger.handlers:
     logger.addHandler(logging.StreamHandler())

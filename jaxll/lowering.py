@@ -19,7 +19,7 @@ from jax._src.interpreters import mlir
 from jax._src.lax import parallel
 from jax._src.lib.mlir import ir
 
-from jaxll import algorithms, call_sites, distributed, workspace
+from jaxll import algorithms, call_sites, distributed, settings, workspace
 from jaxll._ext import ext
 
 
@@ -92,20 +92,30 @@ def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
           f"{_site(ctx)} ({aval.str_short()} over {axes}): {reason}")
     return Decision(algorithms.XLA, reason, 0, group_size)
 
+  mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+  if mesh is not None and not hasattr(mesh, "devices"):
+    mesh = None
+  try:
+    groups = reduction_groups(mesh, axes) if mesh is not None else None
+  except ValueError:  # an axis that is not the mesh's (a vmap axis)
+    groups = None
+  n = len(groups[0]) if groups else 0
   if requested == algorithms.XLA:
-    return Decision(algorithms.XLA, "algorithm='xla' requested")
-  if os.environ.get("JAXLL_DISABLE"):
-    return xla("JAXLL_DISABLE is set")
+    return Decision(algorithms.XLA, "algorithm='xla' requested", 0, n)
+  if settings.disabled():
+    reason = "JAXLL_DISABLE is set"
+    if requested != algorithms.AUTO:
+      reason += f" (algorithm={requested!r} ignored)"
+      call_sites.logger.warning("jaxll: %s at %s: XLA's all-reduce serves it", reason,
+                                _site(ctx))
+    return Decision(algorithms.XLA, reason, 0, n)
   platforms = _platforms(ctx)
   if platforms != ("cuda",):
-    return xla(f"lowering for {'/'.join(platforms)}; jaxll kernels run on CUDA GPUs")
+    return xla(f"lowering for {'/'.join(platforms)}; jaxll kernels run on CUDA GPUs", n)
   if aval.size == 0:
-    return xla("empty array")
-  mesh = getattr(ctx.module_context.axis_context, "mesh", None)
-  if mesh is None or not hasattr(mesh, "devices"):
+    return xla("empty array", n)
+  if mesh is None:
     return xla("no concrete device mesh at lowering time")
-  groups = reduction_groups(mesh, axes)
-  n = len(groups[0])
 
   if requested == algorithms.AUTO:
     name, reason = algorithms.choose_auto(n, nbytes, aval.dtype, op)
