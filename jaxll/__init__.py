@@ -7,10 +7,14 @@ once per mesh; elsewhere it lowers to XLA's own all-reduce.
 """
 
 import jaxll._ext  # noqa: F401  (loads the extension, checks jaxlib, registers targets)
+from jaxll import settings as _settings
+
+_settings.validate()  # a bad JAXLL_* value fails here, on every platform
 from jaxll.algorithms import ALGORITHMS
 from jaxll.all_reduce import all_reduce
 from jaxll.call_sites import CallSite, explain, recent_call_sites
 from jaxll.lowering import AlgorithmUnavailableError
+from jaxll.regions import copy_to_parallel_region, reduce_from_parallel_region
 from jaxll.workspace import (
     CollectiveTimeoutError,
     Workspace,
@@ -34,11 +38,13 @@ __all__ = [
     "WorkspaceConfig",
     "all_reduce",
     "check_errors",
+    "copy_to_parallel_region",
     "errors",
     "explain",
     "free_workspaces",
     "get_config",
     "recent_call_sites",
+    "reduce_from_parallel_region",
     "set_config",
     "workspaces",
 ]

@@ -219,3 +219,47 @@ def test_extension_facts():
 def test_no_errors_without_workspaces():
   jaxll.check_errors()  # nothing built on CPU: nothing to report
   assert jaxll.errors() == []
+
+
+@pytest.mark.parametrize("env, pattern", [
+    ({"JAXLL_AUTO_TABLE": "/nonexistent.json"}, "auto table /nonexistent.json"),
+    ({"JAXLL_AUTO_MAX_BYTES": "1M"}, "JAXLL_AUTO_MAX_BYTES must be an integer"),
+    ({"JAXLL_DISABLE": "maybe"}, "JAXLL_DISABLE must be one of"),
+    ({"JAXLL_LOG_PATHS": "2"}, "JAXLL_LOG_PATHS must be one of"),
+    ({"JAXLL_PDL": "yes"}, "JAXLL_PDL must be 0 or 1"),
+])
+def test_bad_settings_fail_at_import_on_every_platform(env, pattern):
+  import os
+  import subprocess
+  import sys
+  r = subprocess.run([sys.executable, "-c", "import jaxll"], capture_output=True, text=True,
+                     env=dict(os.environ, JAX_PLATFORMS="cpu", **env), cwd="/", timeout=300)
+  assert r.returncode != 0 and pattern in r.stderr, r.stderr[-2000:]
+
+
+def test_switches_read_0_false_no_off_as_off(monkeypatch):
+  from jaxll import settings
+  for off in ("0", "false", "No", "OFF", ""):
+    monkeypatch.setenv("JAXLL_DISABLE", off)
+    assert not settings.disabled()
+  for on in ("1", "true", "Yes", "ON"):
+    monkeypatch.setenv("JAXLL_DISABLE", on)
+    assert settings.disabled()
+
+
+def test_readme_use_snippet_runs_as_written():
+  """The README's Use example, executed as written on 8 CPU devices."""
+  import os
+  import re
+  import subprocess
+  import sys
+  readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "README.md")
+  text = open(readme).read()
+  use = text[text.index("## Use"):]
+  code = re.search(r"```python\n(.*?)```", use, re.S).group(1)
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
+                     timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu",
+                                           XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert " 8 xla - lowering for cpu" in r.stdout, r.stdout
