@@ -7,6 +7,7 @@ once per mesh; elsewhere it lowers to XLA's own all-reduce.
 """
 
 import jaxll._ext  # noqa: F401  (loads the extension, checks jaxlib, registers targets)
+from jaxll._ext import kernels_available
 from jaxll import settings as _settings
 
 _settings.validate()  # a bad JAXLL_* value fails here, on every platform
@@ -43,6 +44,7 @@ __all__ = [
     "explain",
     "free_workspaces",
     "get_config",
+    "kernels_available",
     "recent_call_sites",
     "reduce_from_parallel_region",
     "set_config",

@@ -20,6 +20,7 @@ from jax._src.lax import parallel
 from jax._src.lib.mlir import ir
 
 from jaxll import algorithms, call_sites, distributed, settings, workspace
+from jaxll import _ext as _ext_module
 from jaxll._ext import ext
 
 
@@ -33,6 +34,16 @@ class Decision:
   reason: str
   workspace: int = 0
   group_size: int = 0
+
+
+_warned = []
+
+
+def _warn_no_kernels_once() -> None:
+  if not _warned:
+    _warned.append(True)
+    call_sites.logger.warning("jaxll: %s; every call uses XLA's all-reduce",
+                              _ext_module.NO_KERNELS_REASON)
 
 
 def _xla_rule(op: str):
@@ -112,6 +123,9 @@ def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
   platforms = _platforms(ctx)
   if platforms != ("cuda",):
     return xla(f"lowering for {'/'.join(platforms)}; jaxll kernels run on CUDA GPUs", n)
+  if ext is None:
+    _warn_no_kernels_once()
+    return xla(_ext_module.NO_KERNELS_REASON, n)
   if aval.size == 0:
     return xla("empty array", n)
   if mesh is None:

@@ -171,7 +171,8 @@ def free_workspaces() -> None:
   import jax
   with _lock:
     _registry.clear()
-    ext.free_all()
+    if ext is not None:
+      ext.free_all()
   jax.clear_caches()
 
 
@@ -201,6 +202,8 @@ def check_errors() -> None:
 def _free_at_exit() -> None:
   with _lock:
     _registry.clear()
+    if ext is None:
+      return
     try:
       ext.free_all()
     except Exception:  # pragma: no cover - interpreter teardown

@@ -274,7 +274,7 @@ def test_virtual_ranks_need_a_gpu():
   if HAS_GPU:
     pytest.skip("a GPU is present")
   import jaxll.testing
-  with pytest.raises(RuntimeError, match="need a CUDA GPU"):
+  with pytest.raises(RuntimeError, match="need a CUDA GPU|without its CUDA kernels"):
     jaxll.testing.virtual_all_reduce(np.ones((2, 3), np.float32))
 
 
