@@ -61,12 +61,20 @@ def _site(ctx) -> str:
   frames = list(getattr(tb, "frames", None) or ())
   here = os.path.dirname(os.path.abspath(__file__))
   jax_dir = os.path.dirname(os.path.abspath(jax.__file__))
+  # The innermost user frame, followed by the user frames that called it
+  # directly (a helper and its callers, up to 3), so that call sites that go
+  # through one helper are told apart: "layers.py:8 (reduce) <- model.py:40 (mlp)".
+  chain = []
   for fr in frames:
     path = os.path.abspath(fr.file_name)
     if path.startswith(here) or path.startswith(jax_dir):
+      if chain:
+        break
       continue
-    return f"{os.path.basename(fr.file_name)}:{fr.line_num} ({fr.function_name})"
-  return "unknown"
+    chain.append(f"{os.path.basename(fr.file_name)}:{fr.line_num} ({fr.function_name})")
+    if len(chain) == 3:
+      break
+  return " <- ".join(chain) if chain else "unknown"
 
 
 def reduction_groups(mesh, axes: tuple) -> list[list]:

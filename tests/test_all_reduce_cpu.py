@@ -440,3 +440,20 @@ def test_tp_block_backward_reductions_go_through_jaxll(mesh2, check_vma):
   assert len(mine_tp) == len(ref_tp), (mine_tp, ref_tp)  # and none was added
   if check_vma:
     assert len(mine_tp) == 2  # forward, and the activation gradient backward
+
+
+def _reduce_helper(v):
+  return jaxll.all_reduce(v, "tp")
+
+
+def test_call_sites_through_a_helper_name_their_callers(mesh1):
+  def body(v):
+    a = _reduce_helper(v)
+    return _reduce_helper(a * 2)
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh1, in_specs=P("tp"), out_specs=P()))
+  sites = [s.site for s in jaxll.explain(f, _put(mesh1, np.ones((8,), np.float32), P("tp")))]
+  assert len(sites) == 2 and sites[0] != sites[1], sites
+  for s in sites:
+    helper, caller = s.split(" <- ")
+    assert "(_reduce_helper)" in helper and caller.endswith("body)"), s
