@@ -8,6 +8,8 @@ import os
 import jax
 import jaxlib
 
+from jaxll import settings
+
 REBUILD_HINT = (
     "Rebuild jaxll against the installed jaxlib, from the jaxll source tree:\n"
     "  pip install --no-build-isolation --force-reinstall --no-deps .")
@@ -59,8 +61,7 @@ def kernels_available() -> bool:
 
 if ext is not None:
   _problem = version_mismatch(ext.built_jaxlib_version, jaxlib.__version__)
-  if _problem and os.environ.get("JAXLL_SKIP_VERSION_CHECK", "").strip().lower() not in (
-      "1", "true", "yes", "on"):
+  if _problem and not settings.env_flag("JAXLL_SKIP_VERSION_CHECK"):
     raise ImportError(_problem)
 
 

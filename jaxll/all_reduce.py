@@ -26,7 +26,7 @@ from jaxll.lowering import lower_all_reduce
 
 all_reduce_p = core.Primitive("jaxll_all_reduce")
 
-_REFERENCE = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin, "mean": lax.pmean}
+_REFERENCE = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
 OPS = ("sum", "max", "min", "mean")
 
 
@@ -54,8 +54,7 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto"):
   hosts, a cross-process setup that failed, peers without peer access, an
   unsupported dtype or op, ``JAXLL_DISABLE``, or with ``"auto"`` a message past
   the measured crossover), it lowers to XLA's all-reduce, exactly as ``psum``
-  would. ``jaxll.explain(f, *args)`` shows
-  which path each call site took.
+  would. ``jaxll.explain(f, *args)`` shows which path each call site took.
   """
   if op not in OPS:
     raise ValueError(f"jaxll.all_reduce: op must be one of {list(OPS)}, got {op!r}")

@@ -1,4 +1,6 @@
-"""jaxll's environment variables, read and checked once, on every platform.
+"""jaxll's switches and auto-table settings, checked at import on every platform
+(the workspace sizes, JAXLL_SCRATCH_BYTES and JAXLL_TIMEOUT_MS, are read in
+workspace.py, also at import).
 
 Switches accept 1/true/yes/on and 0/false/no/off (any case), or empty for the
 default; anything else raises ValueError naming the variable, at import, so a
