@@ -7,10 +7,15 @@ once per mesh; elsewhere it lowers to XLA's own all-reduce.
 """
 
 import jaxll._ext  # noqa: F401  (loads the extension, checks jaxlib, registers targets)
+from jaxll._ext import kernels_available
+from jaxll import settings as _settings
+
+_settings.validate()  # a bad JAXLL_* value fails here, on every platform
 from jaxll.algorithms import ALGORITHMS
 from jaxll.all_reduce import all_reduce
 from jaxll.call_sites import CallSite, explain, recent_call_sites
 from jaxll.lowering import AlgorithmUnavailableError
+from jaxll.regions import copy_to_parallel_region, reduce_from_parallel_region
 from jaxll.workspace import (
     CollectiveError,
     CollectiveMismatchError,
@@ -40,12 +45,15 @@ __all__ = [
     "WorkspaceConfig",
     "all_reduce",
     "check_errors",
+    "copy_to_parallel_region",
     "errors",
     "explain",
     "free_workspaces",
     "get_config",
+    "kernels_available",
     "on_error_mode",
     "recent_call_sites",
+    "reduce_from_parallel_region",
     "reset",
     "set_config",
     "workspaces",

@@ -8,6 +8,8 @@ import os
 import jax
 import jaxlib
 
+from jaxll import settings
+
 REBUILD_HINT = (
     "Rebuild jaxll against the installed jaxlib, from the jaxll source tree:\n"
     "  pip install --no-build-isolation --force-reinstall --no-deps .")
@@ -25,22 +27,42 @@ def version_mismatch(built: str, installed: str) -> str | None:
           f"at your own risk.)")
 
 
+_here = os.path.dirname(os.path.abspath(__file__))
+_source_tree = os.path.isdir(os.path.join(_here, os.pardir, "ffi"))
+_compiled = [f for f in os.listdir(_here) if f.startswith("_jaxll") and
+             f.endswith((".so", ".pyd", ".dylib"))]
+
+#: Why the kernels are missing (None when they are present).
+NO_KERNELS_REASON: str | None = None
+
 try:
   from jaxll import _jaxll as ext  # noqa: E402
 except ImportError as e:  # pragma: no cover - depends on the installation
-  _here = os.path.dirname(os.path.abspath(__file__))
-  _source_tree = os.path.isdir(os.path.join(_here, os.pardir, "ffi"))
-  raise ImportError(
-      f"jaxll's compiled extension (jaxll._jaxll) could not be loaded: {e}.\n" +
-      (f"This jaxll is the source tree at {os.path.dirname(_here)}, which holds no "
-       "compiled extension: install it (pip install --no-build-isolation .) and "
-       "import it from another directory.\n" if _source_tree else "") +
-      "To install (needs nvcc):\n  pip install jax scikit-build-core nanobind\n"
-      "  pip install --no-build-isolation .") from e
+  if _source_tree or _compiled:
+    raise ImportError(
+        f"jaxll's compiled extension (jaxll._jaxll) could not be loaded: {e}.\n" +
+        (f"This jaxll is the source tree at {os.path.dirname(_here)}, which holds no "
+         "compiled extension: install it (pip install --no-build-isolation .) and "
+         "import it from another directory.\n" if _source_tree else "") +
+        "To install (needs nvcc for the kernels):\n  pip install jax scikit-build-core "
+        "nanobind\n  pip install --no-build-isolation .") from e
+  # Installed without nvcc (CMakeLists.txt): the package works, every call
+  # lowers to XLA's all-reduce.
+  ext = None
+  NO_KERNELS_REASON = ("jaxll was installed without its CUDA kernels (no nvcc at build "
+                       "time); reinstall with nvcc on the PATH to use them")
 
-_problem = version_mismatch(ext.built_jaxlib_version, jaxlib.__version__)
-if _problem and not os.environ.get("JAXLL_SKIP_VERSION_CHECK"):
-  raise ImportError(_problem)
+
+def kernels_available() -> bool:
+  """Whether this jaxll was built with its CUDA kernels (they then serve calls
+  on CUDA GPUs that can reach each other; elsewhere XLA's all-reduce does)."""
+  return ext is not None
+
+
+if ext is not None:
+  _problem = version_mismatch(ext.built_jaxlib_version, jaxlib.__version__)
+  if _problem and not settings.env_flag("JAXLL_SKIP_VERSION_CHECK"):
+    raise ImportError(_problem)
 
 
 def _register_targets() -> None:
@@ -58,4 +80,5 @@ def _register_targets() -> None:
     jax.ffi.register_ffi_target(name, capsule, platform="CUDA", **extra)
 
 
-_register_targets()
+if ext is not None:
+  _register_targets()

@@ -137,11 +137,13 @@ def _check_table(table: dict) -> dict:
 def load_auto_table(path: str | None = None) -> dict:
   """Reads an auto table (default: $JAXLL_AUTO_TABLE, else the shipped one)."""
   path = path or os.environ.get("JAXLL_AUTO_TABLE") or DEFAULT_TABLE_PATH
-  with open(path) as f:
-    try:
+  try:
+    with open(path) as f:
       return _check_table(json.load(f))
-    except (ValueError, json.JSONDecodeError) as e:
-      raise ValueError(f"auto table {path}: {e}") from None
+  except OSError as e:
+    raise ValueError(f"auto table {path} (JAXLL_AUTO_TABLE?): {e.strerror or e}") from None
+  except (ValueError, json.JSONDecodeError) as e:
+    raise ValueError(f"auto table {path}: {e}") from None
 
 
 def auto_table() -> dict:
@@ -168,13 +170,10 @@ def set_auto_table(table: dict | str | None) -> None:
 
 def auto_max_bytes(group_size: int) -> int:
   """Largest message (bytes per rank) ``auto`` gives a jaxll kernel."""
-  value = os.environ.get("JAXLL_AUTO_MAX_BYTES")
+  from jaxll import settings
+  value = settings.env_bytes("JAXLL_AUTO_MAX_BYTES")
   if value is not None:
-    try:
-      return int(value)
-    except ValueError:
-      raise ValueError(
-          f"JAXLL_AUTO_MAX_BYTES must be an integer number of bytes, got {value!r}") from None
+    return value
   xla = auto_table()["xla_above_bytes"]
   return int(xla.get(str(group_size), xla["default"]))
 

@@ -27,20 +27,23 @@ from jaxll.lowering import lower_all_reduce
 all_reduce_p = core.Primitive("jaxll_all_reduce")
 
 _REFERENCE = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
+OPS = ("sum", "max", "min", "mean")
 
 
 def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto"):
   """All-reduces ``x`` over the mesh axis (or axes) ``axis_name``.
 
   Use it inside ``jax.shard_map`` where you would use ``jax.lax.psum``
-  (``op="sum"``), ``jax.lax.pmax`` (``op="max"``) or ``jax.lax.pmin``
-  (``op="min"``): results, output types under ``check_vma``, ``jit``, ``grad``
-  and ``vmap`` behave the same. ``x`` may be a pytree.
+  (``op="sum"``), ``jax.lax.pmax`` (``op="max"``), ``jax.lax.pmin``
+  (``op="min"``) or ``jax.lax.pmean`` (``op="mean"``: the sum divided by the
+  group size, as pmean computes it): results and their dtypes, output types
+  under ``check_vma``, ``jit``, ``grad`` and ``vmap`` behave the same. ``x``
+  may be a pytree; an empty ``axis_name`` tuple returns ``x`` as psum does.
 
   Args:
     x: array (or pytree of arrays), the per-device value.
     axis_name: a mesh axis name, or a tuple of them.
-    op: ``"sum"``, ``"max"`` or ``"min"``.
+    op: ``"sum"``, ``"max"``, ``"min"`` or ``"mean"``.
     algorithm: ``"auto"`` picks per call site (see ``jaxll.algorithms``);
       ``"xla"`` forces XLA's own all-reduce; a kernel name (one of
       ``jaxll.ALGORITHMS``, e.g. ``"oneshot_ll"`` or ``"twoshot_sentinel"``)
@@ -48,27 +51,34 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto"):
       :class:`AlgorithmUnavailableError` at lowering if it cannot serve the call.
 
   Where no kernel can serve a call (CPU or other backends, a group spanning
-  processes, peers without peer access, an unsupported dtype or op, or with
-  ``"auto"`` a message past the measured crossover), it lowers to
-  XLA's all-reduce, exactly as ``psum`` would. ``jaxll.explain(f, *args)`` shows
-  which path each call site took.
+  hosts, a cross-process setup that failed, peers without peer access, an
+  unsupported dtype or op, ``JAXLL_DISABLE``, or with ``"auto"`` a message past
+  the measured crossover), it lowers to XLA's all-reduce, exactly as ``psum``
+  would. ``jaxll.explain(f, *args)`` shows which path each call site took.
   """
-  if op not in algorithms.OP_CODES:
-    raise ValueError(f"jaxll.all_reduce: op must be one of "
-                     f"{sorted(algorithms.OP_CODES)}, got {op!r}")
+  if op not in OPS:
+    raise ValueError(f"jaxll.all_reduce: op must be one of {list(OPS)}, got {op!r}")
   if algorithm not in algorithms.ALGORITHMS:
     raise ValueError(f"jaxll.all_reduce: algorithm must be one of "
                      f"{list(algorithms.ALGORITHMS)}, got {algorithm!r}")
   axes = _normalize_axes(axis_name)
+  if not axes:
+    # psum(x, ()) is x; pmean(x, ()) is x / 1 (float for integers)
+    return jax.tree_util.tree_map(lambda v: v / 1, x) if op == "mean" else x
   _check_axes_bound(axes)
+  if op == "mean":
+    # pmean: the sum over the group, divided by the group size (a constant)
+    size = lax.psum(1, axes)
+    return jax.tree_util.tree_map(
+        lambda v: v / size,
+        jax.tree_util.tree_map(partial(_all_reduce_leaf, axes=axes, op="sum",
+                                       algorithm=algorithm), x))
   return jax.tree_util.tree_map(partial(_all_reduce_leaf, axes=axes, op=op,
                                         algorithm=algorithm), x)
 
 
 def _normalize_axes(axis_name) -> tuple:
   axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-  if not axes:
-    raise ValueError("jaxll.all_reduce: axis_name must name at least one mesh axis")
   for a in axes:
     if isinstance(a, int):
       raise TypeError(
@@ -99,12 +109,23 @@ def _all_reduce_leaf(x, *, axes, op, algorithm):
     raise TypeError(f"jaxll.all_reduce: unsupported dtype {dtype}; it reduces "
                     f"numeric arrays (and bool, summed as int32, like psum)")
   if dtype == np.bool_:
-    x = lax.convert_element_type(x, np.int32)
+    # psum sums bools as int32; pmax/pmin keep them bool (any / all)
+    y = _all_reduce_leaf(lax.convert_element_type(x, np.int32), axes=axes, op=op,
+                         algorithm=algorithm)
+    return y if op == "sum" else lax.convert_element_type(y, np.bool_)
   if not isinstance(x, core.Tracer):
     # A constant: psum & co. compute it without any communication.
     return _REFERENCE[op](x, axes)
   check_vma = bool(jax_config._check_vma.value)
-  x = parallel.insert_collective_pvary(axes, x)
+  try:
+    x = parallel.insert_collective_pvary(axes, x)
+  except AssertionError:
+    raise NotImplementedError(
+        f"jaxll.all_reduce over {axes}: an axis is not one of the enclosing "
+        f"shard_map's mesh axes (a jax.vmap axis_name?). With check_vma=True, "
+        f"reductions over vmap axes inside shard_map are not supported (jax.lax.psum "
+        f"fails there too, with a bare AssertionError); reduce the vmapped axis "
+        f"with jnp.sum, or use shard_map(..., check_vma=False).") from None
   return all_reduce_p.bind(x, axes=axes, op=op, algorithm=algorithm, check_vma=check_vma)
 
 

@@ -109,15 +109,16 @@ def parse_args(argv=None) -> argparse.Namespace:
   p = build_parser()
   args = p.parse_args(argv)
   from jaxll._ext import ext
+  _MAX_RANKS = ext.max_ranks if ext is not None else 16
   for n in args.ranks:
-    if not 1 <= n <= ext.max_ranks:
-      p.error(f"--ranks must be in 1..{ext.max_ranks}, got {n}")
+    if not 1 <= n <= _MAX_RANKS:
+      p.error(f"--ranks must be in 1..{_MAX_RANKS}, got {n}")
   for n in args.gpus or ():
-    if not 2 <= n <= ext.max_ranks:
-      p.error(f"--gpus must be in 2..{ext.max_ranks}, got {n}")
+    if not 2 <= n <= _MAX_RANKS:
+      p.error(f"--gpus must be in 2..{_MAX_RANKS}, got {n}")
   for n in args.procs:
-    if not 2 <= n <= ext.max_ranks:
-      p.error(f"--procs must be in 2..{ext.max_ranks}, got {n}")
+    if not 2 <= n <= _MAX_RANKS:
+      p.error(f"--procs must be in 2..{_MAX_RANKS}, got {n}")
   for name in ("chain", "runs", "iters", "reps"):
     if getattr(args, name) < 1:
       p.error(f"--{name} must be at least 1")
@@ -162,7 +163,7 @@ def machine_info() -> dict:
   except (OSError, subprocess.SubprocessError):
     info["driver"] = None
   from jaxll._ext import ext
-  v = ext.built_cuda_version
+  v = ext.built_cuda_version if ext is not None else 0
   info["cuda_runtime_built"] = f"{v // 1000}.{(v % 1000) // 10}"
   info["nccl"] = _package_version("nvidia-nccl")
   info["cuda_plugin"] = _package_version("jax-cuda")
@@ -579,14 +580,25 @@ def main(argv=None) -> int:
   os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
   args = parse_args(argv)
   import jax
+
+  from jaxll._ext import ext
   try:
     gpus = jax.devices("cuda")
   except RuntimeError:
     gpus = []
+  reason = None
   if not gpus:
-    print("jaxll.bench: JAX sees no CUDA GPU (backend: "
-          f"{jax.default_backend()}); there is nothing to measure. Run it on a machine "
-          "with an NVIDIA GPU and jax's CUDA plugin.")
+    reason = (f"JAX sees no CUDA GPU (backend: {jax.default_backend()}); there is nothing "
+              "to measure. Run it on a machine with an NVIDIA GPU and jax's CUDA plugin.")
+  elif ext is None:
+    from jaxll import _ext
+    reason = f"{_ext.NO_KERNELS_REASON}; there is nothing to measure."
+  if reason is not None:
+    print("jaxll.bench: " + reason)
+    if args.json:  # a report that says why it holds no measurement, not no file
+      with open(args.json, "w") as f:
+        json.dump({"measured": False, "reason": reason, "records": []}, f, indent=1)
+      print(f"wrote {args.json} (no measurements)")
     return 0
 
   n_virtual = len([a for a in args.algorithms if a != "xla"])

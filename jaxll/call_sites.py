@@ -16,7 +16,9 @@ import re
 import threading
 
 logger = logging.getLogger("jaxll")
-if os.environ.get("JAXLL_LOG_PATHS"):
+from jaxll import settings
+
+if settings.env_flag("JAXLL_LOG_PATHS"):
   logger.setLevel(logging.INFO)
   if not logger.handlers:
     logger.addHandler(logging.StreamHandler())
@@ -25,7 +27,8 @@ if os.environ.get("JAXLL_LOG_PATHS"):
 @dataclasses.dataclass(frozen=True)
 class CallSite:
   """The decision taken for one call site of ``jaxll.all_reduce``."""
-  site: str          # "file.py:LINE (function)" of the user's call, when known
+  site: str          # "file.py:LINE (function)" of the user's call, when known, then
+                     # " <- caller" for each user function that called it directly
   axes: str          # mesh axes reduced over, comma-separated
   group_size: int    # devices per reduction group (0 if unknown)
   shape: str         # per-device shape, e.g. "(1024,)"

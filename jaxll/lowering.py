@@ -19,7 +19,8 @@ from jax._src.interpreters import mlir
 from jax._src.lax import parallel
 from jax._src.lib.mlir import ir
 
-from jaxll import algorithms, call_sites, distributed, workspace
+from jaxll import algorithms, call_sites, distributed, settings, workspace
+from jaxll import _ext as _ext_module
 from jaxll._ext import ext
 
 
@@ -33,6 +34,16 @@ class Decision:
   reason: str
   workspace: int = 0
   group_size: int = 0
+
+
+_warned = []
+
+
+def _warn_no_kernels_once() -> None:
+  if not _warned:
+    _warned.append(True)
+    call_sites.logger.warning("jaxll: %s; every call uses XLA's all-reduce",
+                              _ext_module.NO_KERNELS_REASON)
 
 
 def _xla_rule(op: str):
@@ -50,12 +61,20 @@ def _site(ctx) -> str:
   frames = list(getattr(tb, "frames", None) or ())
   here = os.path.dirname(os.path.abspath(__file__))
   jax_dir = os.path.dirname(os.path.abspath(jax.__file__))
+  # The innermost user frame, followed by the user frames that called it
+  # directly (a helper and its callers, up to 3), so that call sites that go
+  # through one helper are told apart: "layers.py:8 (reduce) <- model.py:40 (mlp)".
+  chain = []
   for fr in frames:
     path = os.path.abspath(fr.file_name)
     if path.startswith(here) or path.startswith(jax_dir):
+      if chain:
+        break
       continue
-    return f"{os.path.basename(fr.file_name)}:{fr.line_num} ({fr.function_name})"
-  return "unknown"
+    chain.append(f"{os.path.basename(fr.file_name)}:{fr.line_num} ({fr.function_name})")
+    if len(chain) == 3:
+      break
+  return " <- ".join(chain) if chain else "unknown"
 
 
 def reduction_groups(mesh, axes: tuple) -> list[list]:
@@ -92,20 +111,33 @@ def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
           f"{_site(ctx)} ({aval.str_short()} over {axes}): {reason}")
     return Decision(algorithms.XLA, reason, 0, group_size)
 
+  mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+  if mesh is not None and not hasattr(mesh, "devices"):
+    mesh = None
+  try:
+    groups = reduction_groups(mesh, axes) if mesh is not None else None
+  except ValueError:  # an axis that is not the mesh's (a vmap axis)
+    groups = None
+  n = len(groups[0]) if groups else 0
   if requested == algorithms.XLA:
-    return Decision(algorithms.XLA, "algorithm='xla' requested")
-  if os.environ.get("JAXLL_DISABLE"):
-    return xla("JAXLL_DISABLE is set")
+    return Decision(algorithms.XLA, "algorithm='xla' requested", 0, n)
+  if settings.disabled():
+    reason = "JAXLL_DISABLE is set"
+    if requested != algorithms.AUTO:
+      reason += f" (algorithm={requested!r} ignored)"
+      call_sites.logger.warning("jaxll: %s at %s: XLA's all-reduce serves it", reason,
+                                _site(ctx))
+    return Decision(algorithms.XLA, reason, 0, n)
   platforms = _platforms(ctx)
   if platforms != ("cuda",):
-    return xla(f"lowering for {'/'.join(platforms)}; jaxll kernels run on CUDA GPUs")
+    return xla(f"lowering for {'/'.join(platforms)}; jaxll kernels run on CUDA GPUs", n)
+  if ext is None:
+    _warn_no_kernels_once()
+    return xla(_ext_module.NO_KERNELS_REASON, n)
   if aval.size == 0:
-    return xla("empty array")
-  mesh = getattr(ctx.module_context.axis_context, "mesh", None)
-  if mesh is None or not hasattr(mesh, "devices"):
+    return xla("empty array", n)
+  if mesh is None:
     return xla("no concrete device mesh at lowering time")
-  groups = reduction_groups(mesh, axes)
-  n = len(groups[0])
 
   if requested == algorithms.AUTO:
     name, reason = algorithms.choose_auto(n, nbytes, aval.dtype, op)

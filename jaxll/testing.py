@@ -28,6 +28,12 @@ from jaxll import algorithms, workspace
 from jaxll._ext import ext
 
 
+def _need_kernels() -> None:
+  if ext is None:
+    from jaxll import _ext
+    raise RuntimeError(f"jaxll.testing: {_ext.NO_KERNELS_REASON}")
+
+
 def _cuda_device(device=None):
   if device is not None:
     if device.platform != "gpu":
@@ -45,6 +51,7 @@ def _cuda_device(device=None):
 def virtual_workspace(nranks: int, *, device=None,
                       config: workspace.WorkspaceConfig | None = None) -> workspace.Workspace:
   """The workspace of `nranks` virtual ranks on `device` (first GPU by default)."""
+  _need_kernels()
   if not 1 <= nranks <= ext.max_ranks:
     raise ValueError(f"nranks must be in 1..{ext.max_ranks}, got {nranks}")
   dev = _cuda_device(device)
@@ -175,6 +182,7 @@ def graph_floor_us(nranks: int, *, iters: int = 200, reps: int = 20, device=None
 def device_ordinal(device=None) -> int:
   """The device ordinal XLA passes to FFI handlers on `device` (it must equal
   ``device.local_hardware_id`` for jaxll's per-device state to be right)."""
+  _need_kernels()
   dev = _cuda_device(device)
   call = jax.ffi.ffi_call("jaxll_device_ordinal", jax.ShapeDtypeStruct((), np.int32))
   with jax.default_device(dev):

@@ -194,7 +194,8 @@ def free_workspaces() -> None:
   import jax
   with _lock:
     _registry.clear()
-    ext.free_all()
+    if ext is not None:
+      ext.free_all()
   jax.clear_caches()
 
 
@@ -299,6 +300,8 @@ def on_error_mode() -> str:
 def _free_at_exit() -> None:
   with _lock:
     _registry.clear()
+    if ext is None:
+      return
     try:
       ext.free_all()
     except Exception:  # pragma: no cover - interpreter teardown

@@ -17,7 +17,8 @@ from jax.sharding import PartitionSpec as P
 import jaxll
 from jaxll import algorithms, lowering
 
-REFERENCE = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
+REFERENCE = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin,
+             "mean": jax.lax.pmean}
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +55,10 @@ def _random(shape, dtype, seed=0):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32,
                                    jnp.int8, jnp.bool_])
-@pytest.mark.parametrize("op", ["sum", "max", "min"])
+@pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
 def test_matches_reference_1d(mesh1, dtype, op):
-  if dtype == jnp.bool_ and op != "sum":
-    pytest.skip("pmax/pmin of bool is not a psum-like case")
+  # same values and the same result dtype as psum/pmax/pmin/pmean (bool sums to
+  # int32, its max/min stay bool; the mean of integers is float)
   x = _random((8 * 3, 5), dtype)
   got, want = _run_pair(mesh1, lambda v: jaxll.all_reduce(v, "tp", op=op),
                         lambda v: REFERENCE[op](v, "tp"), x, P("tp"), P())
@@ -273,7 +274,7 @@ def test_virtual_ranks_need_a_gpu():
   if HAS_GPU:
     pytest.skip("a GPU is present")
   import jaxll.testing
-  with pytest.raises(RuntimeError, match="need a CUDA GPU"):
+  with pytest.raises(RuntimeError, match="need a CUDA GPU|without its CUDA kernels"):
     jaxll.testing.virtual_all_reduce(np.ones((2, 3), np.float32))
 
 
@@ -355,3 +356,137 @@ def test_no_host_check_without_kernel_calls(mesh1):
   f = jax.jit(jax.shard_map(lambda a: jaxll.all_reduce(a, "tp"), mesh=mesh1, in_specs=P("tp"),
                             out_specs=P(), check_vma=False))
   assert "jaxll_check" not in f.lower(_put(mesh1, np.ones((8,), np.float32), P("tp"))).as_text()
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_empty_axis_tuple_returns_the_input(mesh1, op, check_vma):
+  # psum(x, ()) is x and pmean(x, ()) is x / 1; (jax.lax.pmax/pmin raise here
+  # under check_vma: jaxll returns x, the reduction over no axis)
+  x = _random((8 * 2, 3), np.int32)
+  f = jax.jit(jax.shard_map(lambda v: jaxll.all_reduce(v, (), op=op), mesh=mesh1,
+                            in_specs=P("tp"), out_specs=P("tp"), check_vma=check_vma))
+  got = f(_put(mesh1, x, P("tp")))
+  want = np.asarray(jnp.asarray(x) / 1) if op == "mean" else x  # (float32, as pmean)
+  assert got.dtype == want.dtype
+  np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_mean_is_differentiable_like_pmean(mesh1):
+  x = _random((8 * 2, 3), np.float32)
+
+  def loss(fn):
+    body = jax.shard_map(lambda v: fn(v * v), mesh=mesh1, in_specs=P("tp"), out_specs=P())
+    return jax.jit(jax.grad(lambda v: body(v).sum()))
+
+  got = loss(lambda v: jaxll.all_reduce(v, "tp", op="mean"))(_put(mesh1, x, P("tp")))
+  want = loss(lambda v: jax.lax.pmean(v, "tp"))(_put(mesh1, x, P("tp")))
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_vmap_axis_inside_shard_map_is_a_clear_error(mesh1):
+  f = jax.shard_map(lambda v: jax.vmap(lambda r: jaxll.all_reduce(r, "v"), axis_name="v")(v),
+                    mesh=mesh1, in_specs=P("tp"), out_specs=P("tp"))
+  with pytest.raises(NotImplementedError, match="vmap axis_name"):
+    jax.jit(f).lower(_put(mesh1, np.ones((8, 3), np.float32), P("tp")))
+
+
+def test_disable_sends_even_a_forced_kernel_to_xla(mesh1, monkeypatch, caplog):
+  f = jax.jit(jax.shard_map(lambda v: jaxll.all_reduce(v, "tp", algorithm="oneshot_ll"),
+                            mesh=mesh1, in_specs=P("tp"), out_specs=P()))
+  x = _put(mesh1, np.ones((8,), np.float32), P("tp"))
+  monkeypatch.setenv("JAXLL_DISABLE", "1")
+  with caplog.at_level("WARNING", logger="jaxll"):
+    sites = jaxll.explain(f, x)
+  assert [s.algorithm for s in sites] == ["xla"]
+  assert "oneshot_ll" in sites[0].reason and "ignored" in sites[0].reason
+  assert "JAXLL_DISABLE" in caplog.text
+  np.testing.assert_array_equal(np.asarray(f(x)), [8.0])
+  # off means off
+  for off in ("0", "false", "no", "off", ""):
+    monkeypatch.setenv("JAXLL_DISABLE", off)
+    with pytest.raises(lowering.AlgorithmUnavailableError):
+      jax.jit(jax.shard_map(lambda v: jaxll.all_reduce(v, "tp", algorithm="oneshot_ll"),
+                            mesh=mesh1, in_specs=P("tp"), out_specs=P())).lower(x)
+
+
+def test_explain_knows_the_group_size_on_cpu(mesh2):
+  f = jax.jit(jax.shard_map(lambda v: (jaxll.all_reduce(v, "tp"), jaxll.all_reduce(v, "dp"),
+                                       jaxll.all_reduce(v, ("dp", "tp"))),
+                            mesh=mesh2, in_specs=P(("dp", "tp")), out_specs=(P(),) * 3,
+                            check_vma=False))
+  sites = jaxll.explain(f, _put(mesh2, np.ones((8,), np.float32), P(("dp", "tp"))))
+  assert [s.group_size for s in sites] == [4, 2, 8]
+
+
+def _tp_block(x, w_in, w_out, reduce, copy):
+  h = copy(x)
+  a = jnp.tanh(h @ w_in)          # column-parallel
+  return reduce(a @ w_out)        # row-parallel partial sums, all-reduced over tp
+
+
+def _all_reduces(text):
+  """(replica groups, tagged by jaxll) of every all-reduce in lowered text."""
+  out = []
+  for chunk in text.split('"stablehlo.all_reduce"')[1:]:
+    groups = re.search(r"replica_groups = dense<(.*?)>", chunk).group(1)
+    end = chunk.index("}) ")
+    out.append((groups, "jaxll_call" in chunk[end:end + 2000].split("\n")[0]))
+  return out
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_tp_block_backward_reductions_go_through_jaxll(mesh2, check_vma):
+  # A Megatron-style block on (dp, tp) = (2, 4), differentiated with respect to
+  # its input and both weights. With jax.lax.psum, the backward reduction of the
+  # activation entering the column-parallel layer is JAX's own psum (the
+  # transpose of an implicit pvary). With copy_to_parallel_region and
+  # reduce_from_parallel_region every tp reduction of forward and backward is a
+  # jaxll call site, and the gradients are psum's bit for bit (both lower to
+  # XLA here).
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((4, 16)).astype(np.float32)
+  w_in = rng.standard_normal((16, 32)).astype(np.float32)
+  w_out = rng.standard_normal((32, 16)).astype(np.float32)
+  specs = (P("dp", None), P(None, "tp"), P("tp", None))
+
+  def step(reduce, copy):
+    def loss(x, w_in, w_out):
+      y = _tp_block(x, w_in, w_out, reduce, copy)
+      return jax.lax.psum(jnp.sum(y * y), "dp")
+    body = jax.shard_map(jax.grad(loss, argnums=(0, 1, 2)), mesh=mesh2, in_specs=specs,
+                         out_specs=specs, check_vma=check_vma)
+    return jax.jit(body)
+
+  args = [_put(mesh2, a, s) for a, s in zip((x, w_in, w_out), specs)]
+  ref = step(lambda v: jax.lax.psum(v, "tp"), lambda v: v)
+  mine = step(lambda v: jaxll.reduce_from_parallel_region(v, "tp"),
+              lambda v: jaxll.copy_to_parallel_region(v, "tp"))
+  for g, r in zip(mine(*args), ref(*args)):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
+  tp = "[[0, 1, 2, 3], [4, 5, 6, 7]]"
+  mine_tp = [tagged for groups, tagged in _all_reduces(mine.lower(*args).as_text())
+             if groups == tp]
+  ref_tp = [tagged for groups, tagged in _all_reduces(ref.lower(*args).as_text())
+            if groups == tp]
+  assert mine_tp and all(mine_tp), mine_tp           # every tp reduction is jaxll's
+  assert len(mine_tp) == len(ref_tp), (mine_tp, ref_tp)  # and none was added
+  if check_vma:
+    assert len(mine_tp) == 2  # forward, and the activation gradient backward
+
+
+def _reduce_helper(v):
+  return jaxll.all_reduce(v, "tp")
+
+
+def test_call_sites_through_a_helper_name_their_callers(mesh1):
+  def body(v):
+    a = _reduce_helper(v)
+    return _reduce_helper(a * 2)
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh1, in_specs=P("tp"), out_specs=P()))
+  sites = [s.site for s in jaxll.explain(f, _put(mesh1, np.ones((8,), np.float32), P("tp")))]
+  assert len(sites) == 2 and sites[0] != sites[1], sites
+  for s in sites:
+    helper, caller = s.split(" <- ")
+    assert "(_reduce_helper)" in helper and caller.endswith("body)"), s

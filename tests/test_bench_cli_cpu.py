@@ -179,7 +179,9 @@ def test_cli_without_gpu_says_so(tmp_path):
                        cwd=tmp_path, timeout=300)
   assert out.returncode == 0
   assert "no CUDA GPU" in out.stdout
-  assert not (tmp_path / "x.json").exists()
+  # the report asked for is written, and says why it holds nothing
+  report = json.loads((tmp_path / "x.json").read_text())
+  assert report["measured"] is False and "no CUDA GPU" in report["reason"]
 
 
 def test_json_report(tmp_path):
@@ -262,3 +264,4 @@ def test_tune_auto_from_local_measures_the_crossover(tmp_path):
     assert algorithms.choose_auto(2, 256 << 20, f32, "sum")[0] == "oneshot_ll"
   finally:
     algorithms.set_auto_table(None)
+

@@ -12,6 +12,9 @@ import jaxll
 from jaxll import _ext, algorithms, call_sites, lowering, workspace
 from jaxll._ext import ext
 
+# tests of the compiled extension (skipped where jaxll was installed without nvcc)
+needs_kernels = pytest.mark.skipif(ext is None, reason="jaxll installed without its CUDA kernels")
+
 
 F32 = np.dtype(np.float32)
 BF16 = np.dtype(jnp.bfloat16)
@@ -81,6 +84,7 @@ def test_auto_table_from_env_and_validation(tmp_path, monkeypatch):
     algorithms.set_auto_table(None)
 
 
+@needs_kernels
 def test_shipped_auto_table_is_valid_and_covers_group_sizes():
   table = algorithms.load_auto_table(algorithms.DEFAULT_TABLE_PATH)
   assert table["source"]
@@ -92,6 +96,7 @@ def test_shipped_auto_table_is_valid_and_covers_group_sizes():
         assert name in algorithms.SPECS
 
 
+@needs_kernels
 def test_algorithm_catalogue_matches_the_kernels():
   assert jaxll.ALGORITHMS[0] == "auto"
   assert set(jaxll.ALGORITHMS) == {
@@ -129,6 +134,7 @@ def _unit_elems(name, elem_bytes):
   return (8 if name.endswith("_ll") else 16) // elem_bytes
 
 
+@needs_kernels
 @pytest.mark.parametrize("name", algorithms.KERNELS)
 def test_launch_plan_invariants(name):
   code = algorithms.SPECS[name].code
@@ -155,6 +161,7 @@ def test_launch_plan_invariants(name):
   assert ext.plan_all_reduce(code, 0, 4, 2, 4096, 8)["blocks"] == 0
 
 
+@needs_kernels
 def test_workspace_geometry_areas_do_not_overlap():
   for n, blocks, region in ((1, 1, 8), (2, 7, 1000), (8, 64, 8192), (16, 33, 16384)):
     g = ext.geometry(n, blocks, region)
@@ -170,6 +177,7 @@ def test_workspace_geometry_areas_do_not_overlap():
                                            "atomic_offset"))
 
 
+@needs_kernels
 def test_error_word_roundtrip():
   word = ext.encode_error(1, 3, 7, 12, 0xDEADBEEF)
   assert word >> 63 == 1
@@ -208,6 +216,7 @@ def test_version_check_message():
   assert "--no-build-isolation" in msg
 
 
+@needs_kernels
 def test_extension_facts():
   import jaxlib
   assert ext.built_jaxlib_version == jaxlib.__version__
@@ -219,3 +228,53 @@ def test_extension_facts():
 def test_no_errors_without_workspaces():
   jaxll.check_errors()  # nothing built on CPU: nothing to report
   assert jaxll.errors() == []
+
+
+@pytest.mark.parametrize("env, pattern", [
+    ({"JAXLL_AUTO_TABLE": "/nonexistent.json"}, "auto table /nonexistent.json"),
+    ({"JAXLL_AUTO_MAX_BYTES": "1M"}, "JAXLL_AUTO_MAX_BYTES must be an integer"),
+    ({"JAXLL_DISABLE": "maybe"}, "JAXLL_DISABLE must be one of"),
+    ({"JAXLL_LOG_PATHS": "2"}, "JAXLL_LOG_PATHS must be one of"),
+    ({"JAXLL_PDL": "yes"}, "JAXLL_PDL must be 0 or 1"),
+])
+def test_bad_settings_fail_at_import_on_every_platform(env, pattern):
+  import os
+  import subprocess
+  import sys
+  r = subprocess.run([sys.executable, "-c", "import jaxll"], capture_output=True, text=True,
+                     env=dict(os.environ, JAX_PLATFORMS="cpu", **env), cwd="/", timeout=300)
+  assert r.returncode != 0 and pattern in r.stderr, r.stderr[-2000:]
+
+
+def test_switches_read_0_false_no_off_as_off(monkeypatch):
+  from jaxll import settings
+  for off in ("0", "false", "No", "OFF", ""):
+    monkeypatch.setenv("JAXLL_DISABLE", off)
+    assert not settings.disabled()
+  for on in ("1", "true", "Yes", "ON"):
+    monkeypatch.setenv("JAXLL_DISABLE", on)
+    assert settings.disabled()
+
+
+def test_readme_use_snippet_runs_as_written():
+  """The README's Use example, executed as written on 8 CPU devices."""
+  import os
+  import re
+  import subprocess
+  import sys
+  readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "README.md")
+  text = open(readme).read()
+  use = text[text.index("## Use"):]
+  code = re.search(r"```python\n(.*?)```", use, re.S).group(1)
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
+                     timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu",
+                                           XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert " 8 xla - lowering for cpu" in r.stdout, r.stdout
+
+
+def test_kernels_available_says_how_jaxll_was_built():
+  assert jaxll.kernels_available() == (ext is not None)
+  if ext is None:  # installed without nvcc: every call is XLA's, and explain says so on CPU
+    assert "without its CUDA kernels" in _ext.NO_KERNELS_REASON

@@ -1,0 +1,61 @@
+"""jaxll's switches and auto-table settings, checked at import on every platform
+(the workspace sizes, JAXLL_SCRATCH_BYTES and JAXLL_TIMEOUT_MS, are read in
+workspace.py, also at import).
+
+Switches accept 1/true/yes/on and 0/false/no/off (any case), or empty for the
+default; anything else raises ValueError naming the variable, at import, so a
+typo never passes silently (also on CPU, where no kernel would read it).
+"""
+
+from __future__ import annotations
+
+import os
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+  """The switch `name` (unset: `default`)."""
+  value = os.environ.get(name)
+  if value is None:
+    return default
+  v = value.strip().lower()
+  if v in _TRUE:
+    return True
+  if v in _FALSE:
+    return False if v else default
+  raise ValueError(f"{name} must be one of 1/true/yes/on or 0/false/no/off, got {value!r}")
+
+
+def env_bytes(name: str) -> int | None:
+  """A non-negative integer number of bytes (unset: None)."""
+  value = os.environ.get(name)
+  if value is None or value.strip() == "":
+    return None
+  try:
+    n = int(value)
+  except ValueError:
+    raise ValueError(f"{name} must be an integer number of bytes, got {value!r}") from None
+  if n < 0:
+    raise ValueError(f"{name} must not be negative, got {value!r}")
+  return n
+
+
+def disabled() -> bool:
+  """JAXLL_DISABLE: every call goes to XLA's all-reduce."""
+  return env_flag("JAXLL_DISABLE")
+
+
+def validate() -> None:
+  """Reads every setting once; raises ValueError for a bad one."""
+  for flag in ("JAXLL_DISABLE", "JAXLL_LOG_PATHS", "JAXLL_SKIP_VERSION_CHECK"):
+    env_flag(flag)
+  env_bytes("JAXLL_AUTO_MAX_BYTES")
+  pdl = os.environ.get("JAXLL_PDL")
+  if pdl not in (None, "", "0", "1"):
+    raise ValueError(f"JAXLL_PDL must be 0 or 1, got {pdl!r}")
+  table = os.environ.get("JAXLL_AUTO_TABLE")
+  if table:
+    from jaxll import algorithms
+    algorithms.load_auto_table(table)  # raises for a missing or malformed file
