@@ -47,14 +47,27 @@ def disabled() -> bool:
   return env_flag("JAXLL_DISABLE")
 
 
+def on_error() -> str:
+  """JAXLL_ON_ERROR: "poison" (default) or "trap" (the kernels read it too, when
+  a workspace is built)."""
+  value = os.environ.get("JAXLL_ON_ERROR", "")
+  if value in ("", "poison"):
+    return "poison"
+  if value == "trap":
+    return "trap"
+  raise ValueError(f"JAXLL_ON_ERROR must be 'poison' or 'trap', got {value!r}")
+
+
 def validate() -> None:
   """Reads every setting once; raises ValueError for a bad one."""
   for flag in ("JAXLL_DISABLE", "JAXLL_LOG_PATHS", "JAXLL_SKIP_VERSION_CHECK"):
     env_flag(flag)
   env_bytes("JAXLL_AUTO_MAX_BYTES")
-  pdl = os.environ.get("JAXLL_PDL")
-  if pdl not in (None, "", "0", "1"):
-    raise ValueError(f"JAXLL_PDL must be 0 or 1, got {pdl!r}")
+  for name in ("JAXLL_PDL", "JAXLL_SIGNATURES"):
+    value = os.environ.get(name)
+    if value not in (None, "", "0", "1"):
+      raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+  on_error()
   table = os.environ.get("JAXLL_AUTO_TABLE")
   if table:
     from jaxll import algorithms

@@ -25,6 +25,7 @@ import threading
 from typing import Sequence
 
 from jaxll._ext import ext
+from jaxll import settings as _settings
 
 DEFAULT_SCRATCH_BYTES = 512 * 1024
 DEFAULT_TIMEOUT_MS = 10_000
@@ -290,10 +291,7 @@ def reset(*, timeout_s: float = RESET_TIMEOUT_S) -> None:
 def on_error_mode() -> str:
   """``"poison"`` (default) or ``"trap"``, from JAXLL_ON_ERROR (read when a
   workspace is built). Raises ValueError for any other value."""
-  try:
-    return "trap" if ext.trap_on_error() else "poison"
-  except RuntimeError as e:
-    raise ValueError(str(e)) from None
+  return _settings.on_error()
 
 
 @atexit.register

@@ -236,6 +236,8 @@ def test_no_errors_without_workspaces():
     ({"JAXLL_DISABLE": "maybe"}, "JAXLL_DISABLE must be one of"),
     ({"JAXLL_LOG_PATHS": "2"}, "JAXLL_LOG_PATHS must be one of"),
     ({"JAXLL_PDL": "yes"}, "JAXLL_PDL must be 0 or 1"),
+    ({"JAXLL_SIGNATURES": "off"}, "JAXLL_SIGNATURES must be 0 or 1"),
+    ({"JAXLL_ON_ERROR": "abort"}, "JAXLL_ON_ERROR must be 'poison' or 'trap'"),
 ])
 def test_bad_settings_fail_at_import_on_every_platform(env, pattern):
   import os
@@ -254,6 +256,16 @@ def test_switches_read_0_false_no_off_as_off(monkeypatch):
   for on in ("1", "true", "Yes", "ON"):
     monkeypatch.setenv("JAXLL_DISABLE", on)
     assert settings.disabled()
+
+
+def test_on_error_mode_reads_the_setting(monkeypatch):
+  monkeypatch.delenv("JAXLL_ON_ERROR", raising=False)
+  assert jaxll.on_error_mode() == "poison"
+  monkeypatch.setenv("JAXLL_ON_ERROR", "trap")
+  assert jaxll.on_error_mode() == "trap"
+  monkeypatch.setenv("JAXLL_ON_ERROR", "Trap")
+  with pytest.raises(ValueError, match="JAXLL_ON_ERROR"):
+    jaxll.on_error_mode()
 
 
 def test_readme_use_snippet_runs_as_written():
