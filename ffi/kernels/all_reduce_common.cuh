@@ -369,18 +369,29 @@ __device__ __forceinline__ bool round_boundary(bool ok) {
 // --- Call signatures ---------------------------------------------------------------
 // Ranks that disagree on a call (element count, dtype, op or algorithm) would
 // exchange data of different shapes through the same slots: a wrong result or a
-// hang. So every block of every rank sends the call's signature to each peer at
-// the call's first epoch (one LL16 packet into the peer's signature slot for
-// this block, parity and source) and checks the one each peer sent it; a block
-// that finds a different signature records a mismatch with both signatures (so
-// every wait of the rank gives up at once) and poisons its whole share of the
-// output. The block's last n-1 threads do it, one peer each, right at the start
-// (the host gives blocks a spare warp for it where there is room, so it runs
-// beside the data path); at the end the block learns whether any thread
-// failed. A slot, once checked, is reset to a packet whose two flags differ
-// (never ready), so no stale signature is ever taken for a current one; the
-// reset is ordered before the peer's next write of that slot as a sentinel
-// reset is (the kernel boundary precedes this rank's next sends to that peer).
+// hang. So every block of every rank sends the call's signature to each peer
+// (one LL16 packet, flagged with the call's first epoch, into the peer's
+// signature slot for this block, call parity and source) and checks the one
+// each peer sent it; a block that finds a different signature records a
+// mismatch with both signatures (so every wait of the rank gives up at once)
+// and poisons its whole share of the output. The block's last n-1 threads do
+// it, one peer each, right at the start (the host gives blocks a spare warp for
+// it where there is room, so it runs beside the data path); at the end the
+// block learns whether any thread failed. A slot, once checked, is reset to a
+// packet whose two flags differ (never ready), so no stale signature is ever
+// taken for a current one.
+//
+// Why the slot alternates with the block's call count, not with the epoch: a
+// rank may write slot parity q again only after the owner has read and reset
+// it. Take ranks A and B and a block index; count that block's calls. A's call
+// j+2 (parity q again) starts after A's call j+1 ended, and a block ends only
+// after its signature lanes received B's call-j+1 signature, which B sends
+// after its kernel of call j completed (grid_dependency_wait), and with it B's
+// read and reset of A's call-j slot. The epoch parity does not give this: a
+// call of an even number of rounds starts the next call on the same parity,
+// and in two-shot A may finish a call without any data from B after the first
+// round, so A's next signature could land before B read (or after B reset) the
+// last one (seen as an N=8 timeout in the mixed stress test).
 
 // Peer offset k (1..n-1) this thread handles the signature for, 0 if none.
 __device__ __forceinline__ int signature_lane(int n) {
@@ -390,12 +401,11 @@ __device__ __forceinline__ int signature_lane(int n) {
 
 // Sends the call's signature to peer `k` of this rank (k == 0: nothing).
 __device__ __forceinline__ void send_signature(const AllReduceArgs& a, int k, int n,
-                                               uint64_t epoch) {
+                                               const BlockStart& bs) {
   if (k == 0) return;
   const RankView& v = a.view;
-  ll16_store(signature_slot(v, peer_at(v.rank, k, n), blockIdx.x, static_cast<int>(epoch & 1),
-                            v.rank),
-             a.signature, static_cast<uint32_t>(epoch));
+  ll16_store(signature_slot(v, peer_at(v.rank, k, n), blockIdx.x, bs.call_parity, v.rank),
+             a.signature, static_cast<uint32_t>(bs.epoch));
 }
 
 // Waits for the signature of peer `k` (k == 0: nothing, true), compares it with
@@ -404,14 +414,15 @@ __device__ __forceinline__ void send_signature(const AllReduceArgs& a, int k, in
 // up. Called right after send_signature: the spare warp's lanes wait here
 // while the data path runs; their result joins the block's at the end.
 __device__ __forceinline__ bool signature_ok(const AllReduceArgs& a, int k, int n,
-                                             uint64_t epoch) {
+                                             const BlockStart& bs) {
   if (k == 0) return true;
   const RankView& v = a.view;
   const int src = peer_at(v.rank, k, n);
-  LL16* slot = signature_slot(v, v.rank, blockIdx.x, static_cast<int>(epoch & 1), src);
-  const WaitContext ctx = wait_context(v, epoch);
+  LL16* slot = signature_slot(v, v.rank, blockIdx.x, bs.call_parity, src);
+  const WaitContext ctx = wait_context(v, bs.epoch);
   uint64_t theirs = 0;
-  if (!ll16_wait(slot, static_cast<uint32_t>(epoch), ctx, static_cast<uint32_t>(src), &theirs)) {
+  if (!ll16_wait(slot, static_cast<uint32_t>(bs.epoch), ctx, static_cast<uint32_t>(src),
+                 &theirs)) {
     return false;
   }
   ll16_store_never_ready(slot);

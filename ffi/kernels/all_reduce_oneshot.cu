@@ -42,8 +42,8 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) oneshot_kernel
     return;
   }
   const int sig_lane = NR == 1 || !v.signatures ? 0 : signature_lane(n);
-  send_signature(a, sig_lane, n, bs.epoch);
-  bool ok = signature_ok(a, sig_lane, n, bs.epoch);
+  send_signature(a, sig_lane, n, bs);
+  bool ok = signature_ok(a, sig_lane, n, bs);
   for (uint32_t r = 0; r < share.rounds; ++r) {
     const uint64_t epoch = bs.epoch + r;
     const int parity = static_cast<int>(epoch & 1);

@@ -93,10 +93,10 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) twoshot_atomic
     return;
   }
   const int sig_lane = v.signatures ? signature_lane(n) : 0;
-  send_signature(a, sig_lane, n, bs.epoch);
+  send_signature(a, sig_lane, n, bs);
   const uint32_t arrived = counter_bits<T>(n);
   const uint4 one = counter_slice<T>(counter_bits<T>(1));
-  bool ok = signature_ok(a, sig_lane, n, bs.epoch);
+  bool ok = signature_ok(a, sig_lane, n, bs);
   for (uint32_t r = 0; r < share.rounds; ++r) {
     const uint64_t epoch = bs.epoch + r;
     const int parity = static_cast<int>(epoch & 1);

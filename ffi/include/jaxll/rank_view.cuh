@@ -68,25 +68,30 @@ __device__ __forceinline__ uint32_t* barrier_flag(const RankView& v, int owner, 
 // the workspace already holds an error (then it must not communicate).
 struct BlockStart {
   uint64_t epoch;  // epoch of the first round of this call
+  int call_parity; // parity of the number of calls this block index served before
   bool had_error;
 };
 
-// Reserves `rounds` consecutive epochs for this block; every thread of the
-// block must call it. Thread 0 loads the error word and the epoch together (one
-// memory round trip) and stores the advanced epoch at once; the block learns
-// both through shared memory.
+// Reserves `rounds` consecutive epochs for this block and counts the call;
+// every thread of the block must call it. Thread 0 loads the error word, the
+// epoch and the call count together (one memory round trip) and stores the
+// advanced values at once; the block learns them through shared memory.
 __device__ __forceinline__ BlockStart block_begin(const RankView& v, uint32_t rounds) {
   __shared__ uint64_t s_epoch;
+  __shared__ int s_parity;
   __shared__ int s_error;
   if (threadIdx.x == 0) {
     const unsigned long long err = *reinterpret_cast<volatile unsigned long long*>(&v.header->error);
     const uint64_t e = v.header->epochs[blockIdx.x];
+    const uint32_t calls = v.header->calls[blockIdx.x];
     v.header->epochs[blockIdx.x] = e + rounds;
+    v.header->calls[blockIdx.x] = calls + 1;
     s_epoch = e + 1;
+    s_parity = static_cast<int>(calls & 1);
     s_error = err != 0ull;
   }
   __syncthreads();
-  return BlockStart{s_epoch, s_error != 0};
+  return BlockStart{s_epoch, s_parity, s_error != 0};
 }
 
 __device__ __forceinline__ WaitContext wait_context(const RankView& v, uint64_t epoch) {

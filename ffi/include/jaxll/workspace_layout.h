@@ -4,7 +4,7 @@
 //
 //   offset 0               unused (the WorkspaceHeader lives in an allocation of its own)
 //   flags_offset           barrier flags [block][source rank] (barrier baselines only)
-//   sig_offset             call signatures: one LL16 slot per [block][parity][source]
+//   sig_offset             call signatures: one LL16 slot per [block][call parity][source]
 //   ll_offset              LL16 scratch     [phase][block][parity][source] regions
 //   sentinel_offset        sentinel scratch [phase][block][parity][source] regions
 //   plain_offset           plain scratch    [phase][block][source] regions (barrier baselines)
@@ -65,6 +65,9 @@ struct WorkspaceHeader {
   // Epoch of each block index: the number of rounds that block index has served,
   // over every call and algorithm. Only ever incremented, by the kernels themselves.
   uint64_t epochs[kMaxBlocks];
+  // Calls each block index has served (modulo 2^32). Its parity picks the
+  // signature slot a call uses (all_reduce_common.cuh, "Call signatures").
+  uint32_t calls[kMaxBlocks];
   // Base address (as seen from this rank's device) of every rank's workspace.
   void* peer_bases[kMaxRanks];
 };
