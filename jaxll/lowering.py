@@ -216,6 +216,10 @@ def _order_in(ctx) -> tuple[ir.Value, list]:
       return entry[1], entry
   entry = [block, None]
   chains.append(entry)
+  check = _check_entry(ctx)
+  if check is not None and check[2] == block:
+    # the block that holds the host check: its calls come after the check
+    return check[0].result, entry
   return mlir.ir_constant(np.zeros((1,), np.uint32)), entry
 
 
@@ -229,7 +233,11 @@ def _order_in(ctx) -> tuple[ir.Value, list]:
 # recorded message) if one holds an error, or FAILED_PRECONDITION if a
 # workspace was freed. It goes first into the region of the first kernel call
 # (the shard_map body), or, when that call sits in a loop or conditional, into
-# the region around it, so it runs once per run of that region.
+# the region around it, so it runs once per run of that region. Its result
+# starts the order chain of the calls in its own block, so it runs before them
+# (and an error a call of this run records surfaces in the next run, never by
+# chance in this one); calls inside a loop or conditional are not ordered
+# after it (an error there may surface in the same run or the next).
 _CHECK_KEY = ("jaxll", "host check")
 _CONTROL_FLOW = ("stablehlo.while", "stablehlo.case", "stablehlo.if", "mhlo.while",
                  "mhlo.case", "mhlo.if")
@@ -247,6 +255,12 @@ def _check_block():
     if parent is None:
       return block, False
     block = owner.operation.block
+
+
+def _check_entry(ctx):
+  """[check op, workspace ids, its block] of the module being lowered, or None."""
+  cache = getattr(ctx.module_context, "cached_primitive_lowerings", None)
+  return None if cache is None else cache.get(_CHECK_KEY)
 
 
 def _note_workspace_for_check(ctx, workspace: int) -> None:
@@ -267,8 +281,8 @@ def _note_workspace_for_check(ctx, workspace: int) -> None:
       # outside a manual (shard_map) region a side-effecting op needs a
       # sharding: every device runs its own check
       op.operation.attributes["mhlo.sharding"] = ir.StringAttr.get("{replicated}")
-    entry = cache[_CHECK_KEY] = [op, [workspace]]
-  op, ids = entry
+    entry = cache[_CHECK_KEY] = [op, [workspace], block]
+  op, ids, _ = entry
   if workspace not in ids:
     ids.append(workspace)
     op.operation.attributes["mhlo.backend_config"] = ir.DictAttr.get(

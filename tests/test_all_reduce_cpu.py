@@ -350,6 +350,10 @@ def test_program_starts_with_one_host_check_of_every_workspace(mesh1, monkeypatc
   # it comes first in the shard_map body, outside the loop
   assert text.index("@jaxll_check") < text.index("@jaxll_all_reduce")
   assert text.index("@jaxll_check") < text.index("stablehlo.while")
+  # and its result starts the order chain of the body's calls, so it runs first
+  name = re.search(r"(%[\w#]+) = stablehlo\.custom_call @jaxll_check", text).group(1)
+  first = re.search(r"stablehlo\.custom_call @jaxll_all_reduce\(([^)]*)\)", text).group(1)
+  assert first.split(", ")[1] == name, (first, name)
 
 
 def test_no_host_check_without_kernel_calls(mesh1):

@@ -419,7 +419,8 @@ __device__ __forceinline__ bool signature_ok(const AllReduceArgs& a, int k, int 
   const RankView& v = a.view;
   const int src = peer_at(v.rank, k, n);
   LL16* slot = signature_slot(v, v.rank, blockIdx.x, bs.call_parity, src);
-  const WaitContext ctx = wait_context(v, bs.epoch);
+  WaitContext ctx = wait_context(v, bs.epoch);
+  ctx.timeout_kind = ErrorKind::kNotStarted;
   uint64_t theirs = 0;
   if (!ll16_wait(slot, static_cast<uint32_t>(bs.epoch), ctx, static_cast<uint32_t>(src),
                  &theirs)) {

@@ -486,10 +486,11 @@ std::string Comm::describe_error(const Rank& r, uint64_t word) const {
            "outputs of this call are poisoned (all-ones bits, NaN for floats), and so are "
            "those of every later call on this workspace until jaxll.reset() is called on "
            "every rank.";
-  } else if (d.kind == ErrorKind::kTimeout) {
+  } else if (d.kind == ErrorKind::kTimeout || d.kind == ErrorKind::kNotStarted) {
     msg += "rank " + std::to_string(d.rank) + " waited more than " +
            std::to_string(config_.timeout_ms) + " ms for rank " + std::to_string(d.peer) +
-           " (block " + std::to_string(d.block) + ", epoch " + std::to_string(d.epoch) +
+           (d.kind == ErrorKind::kNotStarted ? " to start its call" : "") + " (block " +
+           std::to_string(d.block) + ", epoch " + std::to_string(d.epoch) +
            ") and gave up. The ranks of this group are out of step: a rank did not run the "
            "same sequence of jaxll calls, or was not scheduled, or has died. Results of this "
            "and every later call on this workspace are poisoned (all-ones bits, NaN for "

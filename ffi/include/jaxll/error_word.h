@@ -19,6 +19,8 @@ enum class ErrorKind : uint32_t {
   kTimeout = 1,   // a bounded spin-wait ran past its deadline
   kMismatch = 2,  // a peer's call had another signature (count, dtype, op, algorithm)
   kFreed = 3,     // the workspace was freed (set by the host; see workspace.cc)
+  kNotStarted = 4,  // a timeout waiting for a peer's call signature: the peer never
+                    // started the call
 };
 
 // A call's signature: what every rank of a group must agree on, one 64-bit word

@@ -24,6 +24,7 @@ struct WaitContext {
   uint32_t block;
   uint32_t epoch;
   bool trap;                       // trap after recording an error
+  ErrorKind timeout_kind = ErrorKind::kTimeout;  // what a deadline records
 };
 
 __device__ __forceinline__ uint64_t globaltimer_ns() {
@@ -54,7 +55,7 @@ __device__ inline void report_error(const WaitContext& ctx, ErrorKind kind, uint
 }
 
 __device__ __forceinline__ void report_timeout(const WaitContext& ctx, uint32_t peer) {
-  report_error(ctx, ErrorKind::kTimeout, peer);
+  report_error(ctx, ctx.timeout_kind, peer);
 }
 
 // Polls `probe()` until it returns true (returns true), the deadline passes
