@@ -16,6 +16,7 @@ from jaxll.all_reduce import all_reduce
 from jaxll.call_sites import CallSite, explain, recent_call_sites
 from jaxll.lowering import AlgorithmUnavailableError
 from jaxll.regions import copy_to_parallel_region, reduce_from_parallel_region
+from jaxll.route import route_psums
 from jaxll.workspace import (
     CollectiveError,
     CollectiveMismatchError,
@@ -55,6 +56,7 @@ __all__ = [
     "recent_call_sites",
     "reduce_from_parallel_region",
     "reset",
+    "route_psums",
     "set_config",
     "workspaces",
 ]

@@ -5,6 +5,7 @@ import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKS = os.path.join(HERE, "mp_scripts", "allreduce_checks.py")
+TP_BLOCK = os.path.join(HERE, "mp_scripts", "tp_block.py")
 # environment of the GPU runs' workers (NVLink multicast stays off)
 GPU_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "NCCL_NVLS_ENABLE": "0",
            "JAXLL_TIMEOUT_MS": "20000", "JAXLL_SETUP_TIMEOUT_MS": "120000", "XLA_FLAGS": ""}

@@ -318,10 +318,16 @@ def test_kernel_calls_are_chained_in_program_order(mesh1, monkeypatch):
   # the four calls of the function body form one chain, in program order; the
   # loop body's two calls their own
   assert sorted(len(c) for c in chains) == [2, 4], chains
+  # the body's chain starts at the program's host check (which runs first), the
+  # loop body's at a constant
+  starts = {}
   for chain in chains:
-    first_order = chain[0][1]
-    assert re.search(rf"{re.escape(first_order)} = stablehlo\.constant dense<0> : tensor<1xui32>",
-                     text), first_order
+    first_order = re.escape(chain[0][1])
+    if re.search(rf"{first_order} = stablehlo\.custom_call @jaxll_check", text):
+      starts[len(chain)] = "check"
+    elif re.search(rf"{first_order} = stablehlo\.constant dense<0> : tensor<1xui32>", text):
+      starts[len(chain)] = "constant"
+  assert starts == {4: "check", 2: "constant"}, (starts, chains)
   assert text.count("@jaxll_all_reduce(") == 6
 
 
@@ -494,3 +500,75 @@ def test_call_sites_through_a_helper_name_their_callers(mesh1):
   for s in sites:
     helper, caller = s.split(" <- ")
     assert "(_reduce_helper)" in helper and caller.endswith("body)"), s
+
+
+# --- A tensor-parallel model: forward, backward, decode loop ------------------------------
+
+@pytest.mark.parametrize("check_vma", [True, False])
+@pytest.mark.parametrize("variant", ["helpers", "route"])
+def test_tp_model_every_tp_reduction_goes_through_jaxll(mesh2, variant, check_vma):
+  # tests/tp_model.py on (dp, tp) = (2, 4): forward, the gradient of a loss
+  # reduced over dp (input and both weights), and an 8-step decode loop
+  # (fori_loop). Written with the region helpers or with psum inside
+  # jaxll.route_psums, every tp reduction of each program is a jaxll call site
+  # (none missing, none added against the psum version); with route_psums the
+  # dp reductions are too. Results equal psum's bit for bit (XLA on both sides
+  # here) and the float64 reference within float32 rounding (gradients: with
+  # check_vma, where psum's gradients are the math's).
+  import tp_model as tm
+  w_in, w_out, x = tm.init()
+  args = tm.place(mesh2, w_in, w_out, x)
+  refs = tm.programs(mesh2, "psum", check_vma=check_vma)
+  mine = tm.programs(mesh2, variant, check_vma=check_vma)
+  want64 = (tm.ref_forward(w_in, w_out, x), tm.ref_grad(w_in, w_out, x),
+            tm.ref_decode(w_in, w_out, x))
+  tp = "[[0, 1, 2, 3], [4, 5, 6, 7]]"
+  for name, f, ref, w64 in zip(("forward", "grad", "decode"), mine, refs, want64):
+    got, want = f(*args), ref(*args)
+    for g, r, r64 in zip(jax.tree.leaves(got), jax.tree.leaves(want), jax.tree.leaves(w64)):
+      np.testing.assert_array_equal(np.asarray(g), np.asarray(r), err_msg=name)
+      if check_vma or name != "grad":  # (without check_vma psum's gradients are not the
+        # math's: its transpose sums the replicated cotangent over tp once more)
+        np.testing.assert_allclose(np.asarray(g), r64, rtol=1e-4, atol=1e-4, err_msg=name)
+    reductions = _all_reduces(f.lower(*args).as_text())
+    ref_reductions = _all_reduces(ref.lower(*args).as_text())
+    mine_tp = [tagged for groups, tagged in reductions if groups == tp]
+    assert mine_tp and all(mine_tp), (name, reductions)
+    assert len(mine_tp) == len([1 for groups, _ in ref_reductions if groups == tp]), name
+    if variant == "route":
+      assert all(tagged for _, tagged in reductions), (name, reductions)
+      assert len(reductions) == len(ref_reductions), name
+    sites = jaxll.explain(f, *args)
+    assert len(tm.tp_sites(sites)) == len(mine_tp), (name, sites)
+
+
+def test_route_psums_keeps_psum_semantics(mesh1):
+  # pytrees in and out, keyword arguments, a psum in a scan and in a cond, a
+  # psum over no tp data (a constant) and pmax (left alone); jit outside or
+  # inside the scope gives the same program.
+  def body(d, *, scale):
+    def step(c, v):
+      return c + jax.lax.psum(v, "tp"), jax.lax.pmax(v, "tp")
+    total, maxes = jax.lax.scan(step, jnp.zeros(3), d["a"])
+    picked = jax.lax.cond(total[0] > 0, lambda v: jax.lax.psum(v * 2, "tp"),
+                          lambda v: jax.lax.psum(v, "tp"), d["b"])
+    return {"total": total * scale, "maxes": maxes, "picked": picked,
+            "n": jax.lax.psum(1, "tp")}
+
+  def f(d, *, scale):
+    return jax.shard_map(lambda v: body(v, scale=scale), mesh=mesh1,
+                         in_specs=({"a": P(None, "tp"), "b": P("tp")},),
+                         out_specs={"total": P(), "maxes": P(), "picked": P(), "n": P()})(d)
+
+  d = {"a": _put(mesh1, _random((5, 24), np.float32), P(None, "tp")),
+       "b": _put(mesh1, _random((16,), np.float32), P("tp"))}
+  want = jax.jit(f)(d, scale=2.0)
+  for routed in (jax.jit(jaxll.route_psums(f)), jaxll.route_psums(jax.jit(f))):
+    got = routed(d, scale=2.0)
+    for key in want:
+      np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]), err_msg=key)
+  text = jax.jit(jaxll.route_psums(f)).lower(d, scale=2.0).as_text()
+  sums = [tagged for _, tagged in _all_reduces(text)]
+  assert sum(sums) == 3, sums  # the scan's and both branches' psums; pmax is XLA's own
+  with pytest.raises(ValueError, match="unknown algorithm"):
+    jaxll.route_psums(f, algorithm="fastest")

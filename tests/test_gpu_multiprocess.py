@@ -7,7 +7,7 @@ Marked ``gpu``."""
 import pytest
 
 from jaxll import launch
-from mp_checks import CHECKS, GPU_ENV, TIMEOUT, describe, verify
+from mp_checks import CHECKS, GPU_ENV, TIMEOUT, TP_BLOCK, describe, verify
 
 pytestmark = pytest.mark.gpu
 
@@ -47,3 +47,17 @@ def test_independent_calls_under_concurrency_flags(flags, mps):
                        env=dict(ENV, XLA_FLAGS=flags), mps=mps, devices=["0"] * 2)
   verify(workers, min_cases=100)
   print(describe(workers, f"2 processes on one GPU, XLA_FLAGS={flags}"))
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_tp_model_through_processes(n, mps):
+  # tests/tp_model.py with tp over N processes sharing the GPU: forward,
+  # gradient and decode loop, with the region helpers and with route_psums.
+  # Every tp call site runs a jaxll kernel, and every shard matches the float64
+  # reference (tests/mp_scripts/tp_block.py).
+  workers = launch.run(TP_BLOCK, n, timeout=TIMEOUT, env=ENV, mps=mps, devices=["0"] * n)
+  for w in workers:
+    assert not w.result["errors"], (w.process_id, w.result["errors"])
+    assert len(w.result["paths"]) == 6 and all(w.result["paths"].values()), w.result["paths"]
+  print(f"\nN={n}: tp paths {workers[0].result['paths']}; "
+        f"max error {max(max(w.result['max_error'].values()) for w in workers):.1e}")

@@ -268,22 +268,27 @@ def test_on_error_mode_reads_the_setting(monkeypatch):
     jaxll.on_error_mode()
 
 
-def test_readme_use_snippet_runs_as_written():
-  """The README's Use example, executed as written on 8 CPU devices."""
+def test_readme_python_blocks_run_as_written():
+  """Every python block of the README, executed in order in one interpreter on
+  8 CPU devices (later blocks continue earlier ones), except those marked
+  "not run by the README test" (with the reason)."""
   import os
   import re
   import subprocess
   import sys
   readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "README.md")
-  text = open(readme).read()
-  use = text[text.index("## Use"):]
-  code = re.search(r"```python\n(.*?)```", use, re.S).group(1)
+  blocks = re.findall(r"(<!-- not run by the README test: [^>]*-->\n)?```python\n(.*?)```",
+                      open(readme).read(), re.S)
+  run = [code for marker, code in blocks if not marker]
+  assert len(run) >= 3 and len(blocks) - len(run) <= 2, [m for m, _ in blocks]
+  code = "\n".join(run)
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
                      timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu",
                                            XLA_FLAGS="--xla_force_host_platform_device_count=8"))
   assert r.returncode == 0, r.stderr[-3000:]
   assert " 8 xla - lowering for cpu" in r.stdout, r.stdout
+  assert r.stdout.count("['xla', 'xla']") == 2, r.stdout  # both TP variants: 2 sites
 
 
 def test_kernels_available_says_how_jaxll_was_built():
