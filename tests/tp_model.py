@@ -71,7 +71,16 @@ def programs(mesh, variant, *, check_vma=True, steps=8):
 
 
 def place(mesh, w_in, w_out, x):
-  return [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip((w_in, w_out, x), SPECS)]
+  """The global arrays, each device's block cut from the full array on the host
+  (no cross-process transfer: jax.device_put of a global array checks that the
+  processes agree through XLA's NCCL, which cannot pair processes sharing a GPU)."""
+  out = []
+  for a, spec in zip((w_in, w_out, x), SPECS):
+    sharding = NamedSharding(mesh, spec)
+    idx = sharding.addressable_devices_indices_map(a.shape)
+    out.append(jax.make_array_from_single_device_arrays(
+        a.shape, sharding, [jax.device_put(a[idx[d]], d) for d in idx]))
+  return out
 
 
 # --- float64 reference ----------------------------------------------------------------

@@ -387,11 +387,11 @@ __device__ __forceinline__ bool round_boundary(bool ok) {
 // j+2 (parity q again) starts after A's call j+1 ended, and a block ends only
 // after its signature lanes received B's call-j+1 signature, which B sends
 // after its kernel of call j completed (grid_dependency_wait), and with it B's
-// read and reset of A's call-j slot. The epoch parity does not give this: a
-// call of an even number of rounds starts the next call on the same parity,
-// and in two-shot A may finish a call without any data from B after the first
-// round, so A's next signature could land before B read (or after B reset) the
-// last one (seen as an N=8 timeout in the mixed stress test).
+// read and reset of A's call-j slot. This holds whatever the data path does.
+// (With the epoch parity, a call of an even number of rounds starts the next
+// call on the same slot, and the argument needs the data path: A cannot finish
+// a round after the first before B passed its first round boundary, where B's
+// signature lanes are done.)
 
 // Peer offset k (1..n-1) this thread handles the signature for, 0 if none.
 __device__ __forceinline__ int signature_lane(int n) {
