@@ -1,0 +1,230 @@
+"""Tensor-parallel LLM decoding with jaxll: a Llama-style decoder (RMSNorm,
+rotary attention with grouped KV heads, SwiGLU MLP, KV cache), its attention
+heads and MLP columns split over a mesh axis inside jax.shard_map, two
+all-reduces per layer, greedy decoding one token per jitted step. Random weights
+from a seed.
+
+It measures inter-token latency (ITL: wall time per generated token, each step
+synchronized as a server streaming tokens would) with the all-reduces done by
+jax.lax.psum and by jaxll.all_reduce, and checks that both produce the same
+tokens for the same prompt.
+
+  python examples/tp_decode.py                       # tiny model, whatever devices exist
+  python examples/tp_decode.py --shape 8b --layers 4 --batch 8 --context 8192
+  python examples/tp_decode.py --processes 4 ...     # 4 jax.distributed processes
+                                                     # (sharing the GPU if there is one)
+
+Devices: all local GPUs, or 8 CPU devices where there is none (every
+all-reduce is then XLA's), or with --processes N, N local processes joined by
+jax.distributed through jaxll.launch (one GPU each if there are N, else all on
+GPU 0 under CUDA MPS). XLA's all-reduce (NCCL) cannot pair processes that
+share one GPU, so there the psum run is skipped and said so.
+"""
+
+import argparse
+import time
+
+import example_utils as eu
+
+SHAPES = {
+    # name: (hidden, heads, kv_heads, head_dim, ffn, vocab, default layers)
+    "tiny": (256, 8, 8, 32, 512, 512, 2),
+    "8b": (4096, 32, 8, 128, 14336, 128256, 4),     # Llama-3-8B layer shapes
+    "70b": (8192, 64, 8, 128, 28672, 128256, 2),    # Llama-3-70B layer shapes
+}
+
+
+def parse(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--shape", choices=SHAPES, default="tiny")
+  p.add_argument("--layers", type=int, default=None, help="default: the shape's")
+  p.add_argument("--batch", type=int, default=1)
+  p.add_argument("--context", type=int, default=256, help="KV cache length")
+  p.add_argument("--prompt", type=int, default=16, help="prompt tokens")
+  p.add_argument("--tokens", type=int, default=32, help="tokens to generate")
+  p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                 help="default: float32 for tiny, bfloat16 otherwise")
+  p.add_argument("--seed", type=int, default=0)
+  eu.add_common_args(p)
+  opts = p.parse_args(argv)
+  opts.layers = opts.layers or SHAPES[opts.shape][6]
+  opts.dtype = opts.dtype or ("float32" if opts.shape == "tiny" else "bfloat16")
+  if opts.prompt < 1 or opts.tokens < 2 or opts.prompt + opts.tokens > opts.context:
+    p.error("need prompt >= 1, tokens >= 2 and prompt + tokens <= context")
+  return opts
+
+
+def main(argv=None):
+  return eu.main(parse(argv), run, print_report, __file__)
+
+
+# --- the model ------------------------------------------------------------------------------
+
+def run(opts):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  import jaxll
+
+  devices = jax.devices()
+  n = len(devices)
+  mesh = jax.make_mesh((n,), ("tp",), devices=devices)
+  hidden, heads, kv_heads, head_dim, ffn, vocab, _ = SHAPES[opts.shape]
+  if heads % n or kv_heads % n or ffn % n:
+    raise SystemExit(f"{n} ranks must divide heads ({heads}), KV heads ({kv_heads}) and "
+                     f"the MLP width ({ffn})")
+  dtype = jnp.dtype(opts.dtype)
+  L, B, C = opts.layers, opts.batch, opts.context
+  group = heads // kv_heads
+
+  specs = {
+      "embed": P(), "norm1": P(), "norm2": P(), "norm_f": P(),
+      "wq": P(None, None, "tp"), "wk": P(None, None, "tp"), "wv": P(None, None, "tp"),
+      "wo": P(None, "tp", None),
+      "w1": P(None, None, "tp"), "w3": P(None, None, "tp"), "w2": P(None, "tp", None),
+  }
+  shapes = {
+      "embed": (vocab, hidden), "norm1": (L, hidden), "norm2": (L, hidden),
+      "norm_f": (hidden,), "wq": (L, hidden, heads * head_dim),
+      "wk": (L, hidden, kv_heads * head_dim), "wv": (L, hidden, kv_heads * head_dim),
+      "wo": (L, heads * head_dim, hidden), "w1": (L, hidden, ffn), "w3": (L, hidden, ffn),
+      "w2": (L, ffn, hidden),
+  }
+  cache_spec = P(None, None, None, "tp", None)  # [layer, batch, position, kv head, dim]
+  cache_shape = (L, B, C, kv_heads, head_dim)
+
+  def init_params(key):
+    out = {}
+    for i, name in enumerate(sorted(shapes)):
+      shape = shapes[name]
+      if name.startswith("norm"):
+        out[name] = jnp.ones(shape, dtype)
+      else:
+        scale = 1.0 if name == "embed" else shape[-2] ** -0.5
+        out[name] = (jax.random.normal(jax.random.fold_in(key, i), shape, jnp.float32)
+                     * scale).astype(dtype)
+    return out
+
+  shardings = {k: NamedSharding(mesh, s) for k, s in specs.items()}
+  params = jax.jit(init_params, out_shardings=shardings)(jax.random.key(opts.seed))
+  cache_sharding = NamedSharding(mesh, cache_spec)
+  new_cache = jax.jit(lambda: (jnp.zeros(cache_shape, dtype), jnp.zeros(cache_shape, dtype)),
+                      out_shardings=(cache_sharding, cache_sharding))
+
+  def rmsnorm(x, w):
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-5)
+    return (x32 * w.astype(jnp.float32)).astype(dtype)
+
+  def rotary(x, pos):  # x: [batch, heads, dim]
+    half = head_dim // 2
+    freq = 500000.0 ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    ang = pos.astype(jnp.float32) * freq
+    cos, sin = jnp.cos(ang), jnp.sin(ang)
+    a, b = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([a * cos - b * sin, a * sin + b * cos], -1).astype(dtype)
+
+  def make_step(reduce):
+    def step(p, k_cache, v_cache, tok, pos):
+      x = p["embed"][tok]                                   # [B, hidden], replicated
+      hq, hkv = heads // n, kv_heads // n                   # this rank's heads
+
+      def layer(x, xs):
+        norm1, norm2, wq, wk, wv, wo, w1, w3, w2, kc, vc = xs
+        h = rmsnorm(x, norm1)
+        q = rotary((h @ wq).reshape(B, hq, head_dim), pos)
+        k = rotary((h @ wk).reshape(B, hkv, head_dim), pos)
+        v = (h @ wv).reshape(B, hkv, head_dim)
+        kc = jax.lax.dynamic_update_slice(kc, k[:, None], (0, pos, 0, 0))
+        vc = jax.lax.dynamic_update_slice(vc, v[:, None], (0, pos, 0, 0))
+        s = jnp.einsum("bhgd,bchd->bhgc", q.reshape(B, hkv, group, head_dim), kc,
+                       preferred_element_type=jnp.float32) * head_dim ** -0.5
+        s = jnp.where(jnp.arange(C) <= pos, s, -jnp.inf)
+        a = jnp.einsum("bhgc,bchd->bhgd", jax.nn.softmax(s, axis=-1).astype(dtype), vc)
+        x = x + reduce(a.reshape(B, hq * head_dim) @ wo)    # all-reduce 1: attention out
+        h = rmsnorm(x, norm2)
+        m = (jax.nn.silu(h @ w1) * (h @ w3)) @ w2           # SwiGLU, columns split
+        return x + reduce(m), (kc, vc)                      # all-reduce 2: MLP out
+
+      xs = (p["norm1"], p["norm2"], p["wq"], p["wk"], p["wv"], p["wo"], p["w1"], p["w3"],
+            p["w2"], k_cache, v_cache)
+      x, (k_cache, v_cache) = jax.lax.scan(layer, x, xs)
+      logits = rmsnorm(x, p["norm_f"]) @ p["embed"].T        # tied LM head, replicated
+      return jnp.argmax(logits, axis=-1).astype(jnp.int32), k_cache, v_cache, pos + 1
+
+    body = jax.shard_map(step, mesh=mesh,
+                         in_specs=(specs, cache_spec, cache_spec, P(), P()),
+                         out_specs=(P(), cache_spec, cache_spec, P()))
+    return jax.jit(body, donate_argnums=(1, 2))
+
+  def replicated(a):
+    return eu.replicated(mesh, a)
+
+  prompt = np.random.default_rng(opts.seed).integers(0, vocab, size=(opts.prompt, B),
+                                                     dtype=np.int32)
+  prompt_arrays = [replicated(t) for t in prompt]
+
+  def generate(step):
+    k_cache, v_cache = new_cache()
+    pos = replicated(np.int32(0))
+    for tok in prompt_arrays:                              # prefill, one token per step
+      nxt, k_cache, v_cache, pos = step(params, k_cache, v_cache, tok, pos)
+    tokens, itl = [], []
+    for _ in range(opts.tokens):
+      t0 = time.perf_counter()
+      nxt, k_cache, v_cache, pos = step(params, k_cache, v_cache, nxt, pos)
+      nxt.block_until_ready()
+      itl.append(time.perf_counter() - t0)
+      tokens.append(np.asarray(nxt.addressable_data(0)))
+    return np.stack(tokens, 1), itl
+
+  reductions = {"psum": lambda v: jax.lax.psum(v, "tp"),
+                "jaxll": lambda v: jaxll.all_reduce(v, "tp")}
+  wanted = ["psum", "jaxll"] if opts.collective == "both" else [opts.collective]
+  report = {"ran_on": eu.describe(opts, devices), "shape": opts.shape, "layers": L, "batch": B, "context": C,
+            "dtype": opts.dtype, "tokens": opts.tokens, "runs": {}, "skipped": {}}
+  outputs = {}
+  for name in wanted:
+    if name == "psum" and eu.psum_unavailable(opts):
+      report["skipped"]["psum"] = eu.psum_unavailable(opts)
+      continue
+    step = make_step(reductions[name])
+    args = (params, *new_cache(), prompt_arrays[0], replicated(np.int32(0)))
+    sites = jaxll.explain(step, *args) if name == "jaxll" else []
+    tokens, itl = generate(step)
+    steady = np.asarray(itl[1:]) * 1e3  # the first generated token's step is excluded
+    report["runs"][name] = {
+        "itl_ms_median": float(np.median(steady)), "itl_ms_p90": float(np.percentile(steady, 90)),
+        "tokens_per_s": float(B / np.median(steady) * 1e3),
+        "paths": sorted({s.algorithm for s in sites}) if sites else ["xla (psum)"],
+        "call_sites": len(sites)}
+    outputs[name] = tokens
+  if len(outputs) == 2:
+    same = np.array_equal(outputs["psum"], outputs["jaxll"])
+    first = None if same else int(np.argmax((outputs["psum"] != outputs["jaxll"]).any(0)))
+    report["same_tokens"] = bool(same)
+    report["first_different_token"] = first
+  report["tokens_sample"] = outputs[next(iter(outputs))][0, :8].tolist() if outputs else []
+  return report
+
+
+def print_report(r):
+  print(f"tp_decode: {r['shape']} shape, {r['layers']} layers, batch {r['batch']}, "
+        f"context {r['context']}, {r['dtype']}, {r['tokens']} tokens; ran on {r['ran_on']}")
+  for name, run in r["runs"].items():
+    print(f"  {name:6s} ITL median {run['itl_ms_median']:.3f} ms, p90 {run['itl_ms_p90']:.3f} ms, "
+          f"{run['tokens_per_s']:.1f} tokens/s; all-reduce paths: {', '.join(run['paths'])}"
+          + (f" ({run['call_sites']} call sites)" if run["call_sites"] else ""))
+  for name, why in r["skipped"].items():
+    print(f"  {name:6s} skipped: {why}")
+  if "psum" in r["runs"] and "jaxll" in r["runs"]:
+    a, b = r["runs"]["psum"]["itl_ms_median"], r["runs"]["jaxll"]["itl_ms_median"]
+    print(f"  jaxll vs psum: {a - b:+.3f} ms per token ({a / b:.2f}x); same tokens: "
+          + ("yes" if r["same_tokens"] else f"no (first difference at token {r['first_different_token']})"))
+
+
+if __name__ == "__main__":
+  main()
