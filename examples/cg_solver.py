@@ -3,7 +3,9 @@
 N x N grid), the grid's rows split over a mesh axis inside jax.shard_map. Each
 iteration exchanges one halo row with each neighbour (jax.lax.ppermute) and
 makes two dot products, each a scalar all-reduce: the latency-bound collective
-jaxll is for. The whole solve (a fixed number of iterations, the residual norm
+jaxll is for. (Processes sharing one GPU cannot use XLA's ppermute, NCCL being
+unable to pair them: there the halo rows are gathered by the same all-reduce,
+--halo allreduce.) The whole solve (a fixed number of iterations, the residual norm
 of each one recorded) is one jitted program.
 
 It reports iterations per second and the time to reach the tolerance with the
@@ -31,6 +33,10 @@ def parse(argv=None):
   p.add_argument("--tol", type=float, default=1e-5, help="relative residual to reach")
   p.add_argument("--repeats", type=int, default=5, help="timed solves (median)")
   p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+  p.add_argument("--halo", choices=("auto", "ppermute", "allreduce"), default="auto",
+                 help="halo rows by jax.lax.ppermute, or gathered by the all-reduce being "
+                      "measured (auto: ppermute, except for processes sharing one GPU, "
+                      "where XLA's NCCL cannot run)")
   eu.add_common_args(p)
   return p.parse_args(argv)
 
@@ -58,15 +64,29 @@ def run(opts):
   dtype = jnp.dtype(opts.dtype)
   rows = P("x", None)
 
+  # XLA's collectives (ppermute included) cannot pair processes sharing one GPU
+  halo = opts.halo if opts.halo != "auto" else ("allreduce" if opts.shared_gpu else "ppermute")
+
   def make_solve(reduce):
     def dot(a, b):
       return reduce(jnp.sum(a * b))                  # a scalar all-reduce
 
+    def halos(u):
+      """The row above this rank's block (the previous rank's last row) and the
+      row below it (the next rank's first), zeros at the domain's edges."""
+      if halo == "ppermute":
+        return (jax.lax.ppermute(u[-1:], "x", [(i, i + 1) for i in range(n - 1)]),
+                jax.lax.ppermute(u[:1], "x", [(i + 1, i) for i in range(n - 1)]))
+      # every rank's first and last rows, gathered by one all-reduce of a
+      # buffer where each rank fills its own slot
+      me = jax.lax.axis_index("x")
+      edges = reduce(jnp.zeros((n, 2, N), u.dtype).at[me].set(jnp.stack([u[0], u[-1]])))
+      above = jnp.where(me > 0, edges[jnp.maximum(me - 1, 0), 1], 0)
+      below = jnp.where(me < n - 1, edges[jnp.minimum(me + 1, n - 1), 0], 0)
+      return above[None], below[None]
+
     def apply_a(u):
-      # halo rows: the row above comes from the previous rank, the row below
-      # from the next one (zeros at the domain's edges)
-      above = jax.lax.ppermute(u[-1:], "x", [(i, i + 1) for i in range(n - 1)])
-      below = jax.lax.ppermute(u[:1], "x", [(i + 1, i) for i in range(n - 1)])
+      above, below = halos(u)
       up = jnp.concatenate([above, u[:-1]], 0)
       down = jnp.concatenate([u[1:], below], 0)
       left = jnp.pad(u[:, :-1], ((0, 0), (1, 0)))
@@ -107,7 +127,7 @@ def run(opts):
   reductions = {"psum": lambda v: jax.lax.psum(v, "x"),
                 "jaxll": lambda v: jaxll.all_reduce(v, "x")}
   wanted = ["psum", "jaxll"] if opts.collective == "both" else [opts.collective]
-  report = {"ran_on": eu.describe(opts, devices), "grid": N, "iters": opts.iters,
+  report = {"ran_on": eu.describe(opts, devices), "grid": N, "iters": opts.iters, "halo": halo,
             "dtype": opts.dtype, "tol": opts.tol, "runs": {}, "skipped": {}}
   histories = {}
   for name in wanted:
@@ -142,8 +162,8 @@ def run(opts):
 
 
 def print_report(r):
-  print(f"cg_solver: {r['grid']} x {r['grid']} Poisson, {r['iters']} iterations, {r['dtype']}; "
-        f"ran on {r['ran_on']}")
+  print(f"cg_solver: {r['grid']} x {r['grid']} Poisson, {r['iters']} iterations, {r['dtype']}, "
+        f"halos by {r['halo']}; ran on {r['ran_on']}")
   for name, run in r["runs"].items():
     to_tol = (f"{run['iters_to_tol']} iterations / {run['seconds_to_tol'] * 1e3:.2f} ms to "
               f"{r['tol']:g}" if run["iters_to_tol"] else f"tolerance {r['tol']:g} not reached")

@@ -36,12 +36,13 @@ def test_tp_decode_psum_and_jaxll_agree(tmp_path, processes):
   assert "same tokens: yes" in stdout and "ran on" in stdout
 
 
-@pytest.mark.parametrize("processes", [0, 2])
-def test_cg_solver_psum_and_jaxll_agree(tmp_path, processes):
+@pytest.mark.parametrize("processes,halo", [(0, "auto"), (0, "allreduce"), (2, "auto")])
+def test_cg_solver_psum_and_jaxll_agree(tmp_path, processes, halo):
   report, stdout = _run(tmp_path, "cg_solver.py", "--grid", "64", "--iters", "150", "--tol",
-                        "1e-4", "--repeats", "2",
+                        "1e-4", "--repeats", "2", "--halo", halo,
                         *(["--processes", str(processes)] if processes else []))
   assert report["ran_on"].startswith(f"{processes or 8} CPU devices"), report["ran_on"]
+  assert report["halo"] == ("ppermute" if halo == "auto" else halo)
   assert report["same_history"] is True and report["history_max_rel_diff"] == 0
   for run in report["runs"].values():
     assert run["iters_to_tol"] is not None and run["final_residual"] < 1e-4, run
