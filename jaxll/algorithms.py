@@ -26,10 +26,37 @@ TWOSHOT_LL128_ATOMIC = "twoshot_ll128_atomic"
 ONESHOT_BARRIER = "oneshot_barrier"
 TWOSHOT_BARRIER = "twoshot_barrier"
 
-# Codes shared with the native side (ffi/kernels/all_reduce.h).
-OP_CODES = {"sum": 0, "max": 1, "min": 2}
-DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2, "int32": 3}
+_OPS = ("sum", "max", "min")
+_DTYPES = ("float32", "bfloat16", "float16", "int32")
 _WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
+_KERNEL_NAMES = (ONESHOT_LL, ONESHOT_SENTINEL, TWOSHOT_LL, TWOSHOT_SENTINEL,
+                 TWOSHOT_LL128_ATOMIC, ONESHOT_BARRIER, TWOSHOT_BARRIER)
+
+
+def _codes() -> dict:
+  """The codes the FFI handlers take, from the native side's one table
+  (ffi/kernels/all_reduce.h, ``_jaxll.codes()``). Without the extension (an
+  install without nvcc) nothing is ever passed to a handler: placeholder codes
+  (kernels nonzero, XLA zero) keep the catalogue's shape."""
+  from jaxll._ext import ext
+  if ext is None:
+    return {"algorithms": {XLA: 0, **{n: i + 1 for i, n in enumerate(_KERNEL_NAMES)}},
+            "dtypes": {n: i for i, n in enumerate(_DTYPES)},
+            "ops": {n: i for i, n in enumerate(_OPS)}}
+  native = ext.codes()
+  for kind, names in (("algorithms", (XLA,) + _KERNEL_NAMES), ("dtypes", _DTYPES),
+                      ("ops", _OPS)):
+    if set(native[kind]) != set(names):
+      raise ImportError(f"jaxll: the compiled extension's {kind} {sorted(native[kind])} "
+                        f"differ from the Python package's {sorted(names)}: rebuild jaxll")
+  return native
+
+
+_NATIVE = _codes()
+#: Codes the FFI handlers take, by name (from the native side).
+OP_CODES: dict[str, int] = dict(_NATIVE["ops"])
+DTYPE_CODES: dict[str, int] = dict(_NATIVE["dtypes"])
+_ALGORITHM_CODES: dict[str, int] = dict(_NATIVE["algorithms"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,29 +75,34 @@ _SUM = frozenset({"sum"})
 _ALL_DTYPES = frozenset(DTYPE_CODES)
 _FLOATS = frozenset({"float32", "bfloat16", "float16"})
 
+
+def _spec(name, *rest) -> AlgorithmSpec:
+  return AlgorithmSpec(name, _ALGORITHM_CODES[name], *rest)
+
+
 SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in [
-    AlgorithmSpec(XLA, 0, _ALL_OPS, frozenset(), True, True,
-                  "XLA's own all-reduce (NCCL on GPUs); serves every dtype and size"),
-    AlgorithmSpec(ONESHOT_LL, 1, _ALL_OPS, _ALL_DTYPES, True, True,
-                  "one-shot push of LL16 packets (8 B data + flag per 16 B store); "
-                  "the smallest messages"),
-    AlgorithmSpec(ONESHOT_SENTINEL, 2, _ALL_OPS, _FLOATS, True, True,
-                  "one-shot push of raw data into sentinel-filled scratch (full bandwidth)"),
-    AlgorithmSpec(TWOSHOT_LL, 3, _ALL_OPS, _ALL_DTYPES, True, True,
-                  "reduce-scatter + all-gather over LL16 packets"),
-    AlgorithmSpec(TWOSHOT_SENTINEL, 4, _ALL_OPS, _FLOATS, True, True,
-                  "reduce-scatter + all-gather over sentinel scratch; mid-size and large "
-                  "messages"),
-    AlgorithmSpec(TWOSHOT_LL128_ATOMIC, 5, _SUM, _FLOATS, False, False,
-                  "reduce-scatter by vector atomic adds into 128 B lines with an arrival "
-                  "counter, all-gather over sentinel scratch; opt-in: sums vary from run "
-                  "to run (identical across ranks), f16/bf16 accumulate in their own "
-                  "precision, f32 subnormals flush to zero, -0.0 sums to +0.0"),
-    AlgorithmSpec(ONESHOT_BARRIER, 6, _SUM, _ALL_DTYPES, False, True,
-                  "baseline: one-shot with two explicit cross-rank flag barriers per round"),
-    AlgorithmSpec(TWOSHOT_BARRIER, 7, _SUM, _ALL_DTYPES, False, True,
-                  "baseline: two-shot with three explicit cross-rank flag barriers per "
-                  "round"),
+    _spec(XLA, _ALL_OPS, frozenset(), True, True,
+          "XLA's own all-reduce (NCCL on GPUs); serves every dtype and size"),
+    _spec(ONESHOT_LL, _ALL_OPS, _ALL_DTYPES, True, True,
+          "one-shot push of LL16 packets (8 B data + flag per 16 B store); "
+          "the smallest messages"),
+    _spec(ONESHOT_SENTINEL, _ALL_OPS, _FLOATS, True, True,
+          "one-shot push of raw data into sentinel-filled scratch (full bandwidth)"),
+    _spec(TWOSHOT_LL, _ALL_OPS, _ALL_DTYPES, True, True,
+          "reduce-scatter + all-gather over LL16 packets"),
+    _spec(TWOSHOT_SENTINEL, _ALL_OPS, _FLOATS, True, True,
+          "reduce-scatter + all-gather over sentinel scratch; mid-size and large "
+          "messages"),
+    _spec(TWOSHOT_LL128_ATOMIC, _SUM, _FLOATS, False, False,
+          "reduce-scatter by vector atomic adds into 128 B lines with an arrival "
+          "counter, all-gather over sentinel scratch; opt-in: sums vary from run "
+          "to run (identical across ranks), f16/bf16 accumulate in their own "
+          "precision, f32 subnormals flush to zero, -0.0 sums to +0.0"),
+    _spec(ONESHOT_BARRIER, _SUM, _ALL_DTYPES, False, True,
+          "baseline: one-shot with two explicit cross-rank flag barriers per round"),
+    _spec(TWOSHOT_BARRIER, _SUM, _ALL_DTYPES, False, True,
+          "baseline: two-shot with three explicit cross-rank flag barriers per "
+          "round"),
 ]}
 
 #: Every name ``jaxll.all_reduce(algorithm=...)`` accepts.

@@ -295,3 +295,17 @@ def test_kernels_available_says_how_jaxll_was_built():
   assert jaxll.kernels_available() == (ext is not None)
   if ext is None:  # installed without nvcc: every call is XLA's, and explain says so on CPU
     assert "without its CUDA kernels" in _ext.NO_KERNELS_REASON
+
+
+@needs_kernels
+def test_codes_come_from_the_extension_and_name_every_signature():
+  # One table of codes (ffi/kernels/all_reduce.h): Python takes its codes from
+  # the extension, and the extension's error messages name them alike.
+  codes = ext.codes()
+  assert {n: s.code for n, s in algorithms.SPECS.items()} == codes["algorithms"]
+  assert algorithms.DTYPE_CODES == codes["dtypes"] and algorithms.OP_CODES == codes["ops"]
+  for name, spec in algorithms.SPECS.items():
+    for dtype, dcode in codes["dtypes"].items():
+      for op, ocode in codes["ops"].items():
+        text = ext.describe_signature(ext.call_signature(spec.code, dcode, ocode, 1000))
+        assert text == (f"all_reduce of 1000 {dtype} elements, op {op}, algorithm {name}"), text

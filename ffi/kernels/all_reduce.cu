@@ -112,19 +112,46 @@ LaunchPlan plan_all_reduce(Algorithm algorithm, int64_t count, int elem_bytes, i
   return plan;
 }
 
+const std::vector<CodeName>& algorithm_codes() {
+  static const std::vector<CodeName> t = {
+      {"xla", 0},
+      {"oneshot_ll", static_cast<int>(Algorithm::kOneShotLL)},
+      {"oneshot_sentinel", static_cast<int>(Algorithm::kOneShotSentinel)},
+      {"twoshot_ll", static_cast<int>(Algorithm::kTwoShotLL)},
+      {"twoshot_sentinel", static_cast<int>(Algorithm::kTwoShotSentinel)},
+      {"twoshot_ll128_atomic", static_cast<int>(Algorithm::kTwoShotLL128Atomic)},
+      {"oneshot_barrier", static_cast<int>(Algorithm::kOneShotBarrier)},
+      {"twoshot_barrier", static_cast<int>(Algorithm::kTwoShotBarrier)},
+  };
+  return t;
+}
+
+const std::vector<CodeName>& dtype_codes() {
+  static const std::vector<CodeName> t = {{"float32", static_cast<int>(DType::kF32)},
+                                          {"bfloat16", static_cast<int>(DType::kBF16)},
+                                          {"float16", static_cast<int>(DType::kF16)},
+                                          {"int32", static_cast<int>(DType::kI32)}};
+  return t;
+}
+
+const std::vector<CodeName>& op_codes() {
+  static const std::vector<CodeName> t = {{"sum", static_cast<int>(ReduceOp::kSum)},
+                                          {"max", static_cast<int>(ReduceOp::kMax)},
+                                          {"min", static_cast<int>(ReduceOp::kMin)}};
+  return t;
+}
+
 std::string describe_signature(uint64_t sig) {
-  static const char* const kAlgorithms[] = {"xla",          "oneshot_ll",       "oneshot_sentinel",
-                                            "twoshot_ll",   "twoshot_sentinel", "twoshot_ll128_atomic",
-                                            "oneshot_barrier", "twoshot_barrier"};
-  static const char* const kDtypes[] = {"float32", "bfloat16", "float16", "int32"};
-  static const char* const kOps[] = {"sum", "max", "min"};
   const DecodedSignature d = decode_signature(sig);
-  auto pick = [](const char* const* names, size_t size, uint32_t code) {
-    return code < size ? std::string(names[code]) : "code " + std::to_string(code);
+  auto name = [](const std::vector<CodeName>& table, uint32_t code) {
+    for (const CodeName& c : table) {
+      if (static_cast<uint32_t>(c.code) == code) return std::string(c.name);
+    }
+    return "code " + std::to_string(code);
   };
   return std::string(d.collective == 0 ? "all_reduce" : "collective " + std::to_string(d.collective)) +
-         " of " + std::to_string(d.count) + " " + pick(kDtypes, 4, d.dtype) + " elements, op " +
-         pick(kOps, 3, d.op) + ", algorithm " + pick(kAlgorithms, 8, d.algorithm);
+         " of " + std::to_string(d.count) + " " + name(dtype_codes(), d.dtype) + " elements, op " +
+         name(op_codes(), d.op) + ", algorithm " + name(algorithm_codes(), d.algorithm);
 }
 
 uint64_t call_signature(Algorithm algorithm, DType dtype, ReduceOp op, int64_t count) {

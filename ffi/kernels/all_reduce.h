@@ -11,11 +11,11 @@
 
 namespace jaxll {
 
-// Element types with a kernel (values match jaxll/algorithms.py).
+// Element types with a kernel (names and codes: dtype_codes() below).
 enum class DType : int { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
-// Reduction operators (values match jaxll/algorithms.py).
+// Reduction operators (names and codes: op_codes() below).
 enum class ReduceOp : int { kSum = 0, kMax = 1, kMin = 2 };
-// Kernel algorithms (values match jaxll/algorithms.py; 0 is XLA's own all-reduce).
+// Kernel algorithms (names and codes: algorithm_codes() below; 0 is XLA's own all-reduce).
 enum class Algorithm : int {
   kOneShotLL = 1,
   kOneShotSentinel = 2,
@@ -45,6 +45,17 @@ struct LaunchPlan {
 // every rank computes the same plan.
 LaunchPlan plan_all_reduce(Algorithm algorithm, int64_t count, int elem_bytes, int nranks,
                            const ScratchGeometry& geo, int max_blocks, bool signatures = true);
+
+// The one table of the codes of algorithms, element types and reduction
+// operators, by name (the Python side reads it: _jaxll.codes()). Algorithm
+// code 0, "xla", is XLA's own all-reduce and has no kernel.
+struct CodeName {
+  const char* name;
+  int code;
+};
+const std::vector<CodeName>& algorithm_codes();
+const std::vector<CodeName>& dtype_codes();
+const std::vector<CodeName>& op_codes();
 
 // The signature every rank's call must carry (jaxll/error_word.h).
 uint64_t call_signature(Algorithm algorithm, DType dtype, ReduceOp op, int64_t count);

@@ -234,6 +234,18 @@ NB_MODULE(_jaxll, m) {
                       static_cast<ReduceOp>(op));
   }, "algorithm"_a, "dtype"_a, "op"_a);
   m.attr("last_algorithm") = kLastAlgorithm;
+  m.def("codes", [] {
+    auto as_dict = [](const std::vector<CodeName>& table) {
+      nb::dict d;
+      for (const CodeName& c : table) d[c.name] = c.code;
+      return d;
+    };
+    nb::dict d;
+    d["algorithms"] = as_dict(algorithm_codes());
+    d["dtypes"] = as_dict(dtype_codes());
+    d["ops"] = as_dict(op_codes());
+    return d;
+  }, "The codes of algorithms, element types and ops, by name (the one table).");
 
   m.def("virtual_stress", [](int64_t id, const std::vector<int>& algorithms, int dtype, int op,
                              const std::vector<int64_t>& counts, uint64_t seed, int max_delay_us) {
