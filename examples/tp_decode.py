@@ -45,6 +45,9 @@ def parse(argv=None):
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                  help="default: float32 for tiny, bfloat16 otherwise")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--baseline", action="store_true",
+                 help="also time the step with its all-reduces left out (wrong tokens, for "
+                      "timing only): the all-reduce share of a step by difference")
   eu.add_common_args(p)
   opts = p.parse_args(argv)
   opts.layers = opts.layers or SHAPES[opts.shape][6]
@@ -127,7 +130,7 @@ def run(opts):
     a, b = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     return jnp.concatenate([a * cos - b * sin, a * sin + b * cos], -1).astype(dtype)
 
-  def make_step(reduce):
+  def make_step(reduce, check_vma=True):
     def step(p, k_cache, v_cache, tok, pos):
       x = p["embed"][tok]                                   # [B, hidden], replicated
       hq, hkv = heads // n, kv_heads // n                   # this rank's heads
@@ -157,7 +160,7 @@ def run(opts):
 
     body = jax.shard_map(step, mesh=mesh,
                          in_specs=(specs, cache_spec, cache_spec, P(), P()),
-                         out_specs=(P(), cache_spec, cache_spec, P()))
+                         out_specs=(P(), cache_spec, cache_spec, P()), check_vma=check_vma)
     return jax.jit(body, donate_argnums=(1, 2))
 
   def replicated(a):
@@ -182,8 +185,10 @@ def run(opts):
     return np.stack(tokens, 1), itl
 
   reductions = {"psum": lambda v: jax.lax.psum(v, "tp"),
-                "jaxll": lambda v: jaxll.all_reduce(v, "tp")}
+                "jaxll": lambda v: jaxll.all_reduce(v, "tp"),
+                "none": lambda v: v}  # (each rank's partial sum: timing only)
   wanted = ["psum", "jaxll"] if opts.collective == "both" else [opts.collective]
+  wanted += ["none"] if opts.baseline else []
   report = {"ran_on": eu.describe(opts, devices), "shape": opts.shape, "layers": L, "batch": B, "context": C,
             "dtype": opts.dtype, "tokens": opts.tokens, "runs": {}, "skipped": {}}
   outputs = {}
@@ -191,7 +196,8 @@ def run(opts):
     if name == "psum" and eu.psum_unavailable(opts):
       report["skipped"]["psum"] = eu.psum_unavailable(opts)
       continue
-    step = make_step(reductions[name])
+    # (the baseline leaves partial sums unreduced, which check_vma would reject)
+    step = make_step(reductions[name], check_vma=name != "none")
     args = (params, *new_cache(), prompt_arrays[0], replicated(np.int32(0)))
     sites = jaxll.explain(step, *args) if name == "jaxll" else []
     tokens, itl = generate(step)
@@ -199,9 +205,16 @@ def run(opts):
     report["runs"][name] = {
         "itl_ms_median": float(np.median(steady)), "itl_ms_p90": float(np.percentile(steady, 90)),
         "tokens_per_s": float(B / np.median(steady) * 1e3),
-        "paths": sorted({s.algorithm for s in sites}) if sites else ["xla (psum)"],
+        "paths": (sorted({s.algorithm for s in sites}) if sites else
+                  ["none (baseline)"] if name == "none" else ["xla (psum)"]),
         "call_sites": len(sites)}
-    outputs[name] = tokens
+    if name != "none":
+      outputs[name] = tokens
+  if "none" in report["runs"]:
+    base = report["runs"]["none"]["itl_ms_median"]
+    for name, run in report["runs"].items():
+      if name != "none":
+        run["all_reduce_share"] = max(0.0, 1 - base / run["itl_ms_median"])
   if len(outputs) == 2:
     same = np.array_equal(outputs["psum"], outputs["jaxll"])
     first = None if same else int(np.argmax((outputs["psum"] != outputs["jaxll"]).any(0)))
@@ -217,7 +230,9 @@ def print_report(r):
   for name, run in r["runs"].items():
     print(f"  {name:6s} ITL median {run['itl_ms_median']:.3f} ms, p90 {run['itl_ms_p90']:.3f} ms, "
           f"{run['tokens_per_s']:.1f} tokens/s; all-reduce paths: {', '.join(run['paths'])}"
-          + (f" ({run['call_sites']} call sites)" if run["call_sites"] else ""))
+          + (f" ({run['call_sites']} call sites)" if run["call_sites"] else "")
+          + (f"; all-reduce share of a step {run['all_reduce_share']:.0%}"
+             if "all_reduce_share" in run else ""))
   for name, why in r["skipped"].items():
     print(f"  {name:6s} skipped: {why}")
   if "psum" in r["runs"] and "jaxll" in r["runs"]:

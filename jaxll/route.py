@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import numpy as np
 from jax._src import core
 from jax._src.lax import parallel
 
@@ -54,18 +55,28 @@ def route_psums(fun=None, *, algorithm: str = "auto"):
 
   @functools.wraps(fun)
   def routed(*args, **kwargs):
-    flat, in_tree = jax.tree.flatten((args, kwargs))
+    leaves, in_tree = jax.tree.flatten((args, kwargs))
+    dynamic = [i for i, v in enumerate(leaves) if _is_array(v)]
 
-    def flat_fun(*leaves):
-      a, k = jax.tree.unflatten(in_tree, leaves)
+    def flat_fun(*arrays):
+      full = list(leaves)  # other leaves (strings, None-like objects) stay static
+      for i, v in zip(dynamic, arrays):
+        full[i] = v
+      a, k = jax.tree.unflatten(in_tree, full)
       return fun(*a, **k)
 
-    closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat)
+    arrays = [leaves[i] for i in dynamic]
+    closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*arrays)
     jaxpr = _route_jaxpr(closed.jaxpr, algorithm)
-    out = core.eval_jaxpr(jaxpr, closed.consts, *flat)
+    out = core.eval_jaxpr(jaxpr, closed.consts, *arrays)
     return jax.tree.unflatten(jax.tree.structure(out_shape), out)
 
   return routed
+
+
+def _is_array(v) -> bool:
+  return isinstance(v, (jax.Array, np.ndarray, np.generic, bool, int, float, complex,
+                        core.Tracer)) or hasattr(v, "__jax_array__")
 
 
 def _route_eqn(eqn, algorithm: str):

@@ -555,7 +555,8 @@ def test_route_psums_keeps_psum_semantics(mesh1):
     return {"total": total * scale, "maxes": maxes, "picked": picked,
             "n": jax.lax.psum(1, "tp")}
 
-  def f(d, *, scale):
+  def f(d, *, scale, name="tp"):
+    assert name == "tp"  # a non-array argument reaches fun as it was passed
     return jax.shard_map(lambda v: body(v, scale=scale), mesh=mesh1,
                          in_specs=({"a": P(None, "tp"), "b": P("tp")},),
                          out_specs={"total": P(), "maxes": P(), "picked": P(), "n": P()})(d)
@@ -563,8 +564,9 @@ def test_route_psums_keeps_psum_semantics(mesh1):
   d = {"a": _put(mesh1, _random((5, 24), np.float32), P(None, "tp")),
        "b": _put(mesh1, _random((16,), np.float32), P("tp"))}
   want = jax.jit(f)(d, scale=2.0)
-  for routed in (jax.jit(jaxll.route_psums(f)), jaxll.route_psums(jax.jit(f))):
-    got = routed(d, scale=2.0)
+  for routed in (jax.jit(jaxll.route_psums(f), static_argnames="name"),
+                 jaxll.route_psums(jax.jit(f, static_argnames="name"))):
+    got = routed(d, scale=2.0, name="tp")
     for key in want:
       np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]), err_msg=key)
   text = jax.jit(jaxll.route_psums(f)).lower(d, scale=2.0).as_text()

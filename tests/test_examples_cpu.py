@@ -25,10 +25,12 @@ def _run(tmp_path, script, *args, env=None):
 @pytest.mark.parametrize("processes", [0, 2])
 def test_tp_decode_psum_and_jaxll_agree(tmp_path, processes):
   report, stdout = _run(tmp_path, "tp_decode.py", "--tokens", "8", "--prompt", "4",
-                        "--context", "16", *(["--processes", str(processes)] if processes else []))
+                        "--context", "16", "--baseline",
+                        *(["--processes", str(processes)] if processes else []))
   ranks = processes or 8
   assert report["ran_on"].startswith(f"{ranks} CPU devices"), report["ran_on"]
-  assert set(report["runs"]) == {"psum", "jaxll"} and not report["skipped"]
+  assert set(report["runs"]) == {"psum", "jaxll", "none"} and not report["skipped"]
+  assert all(0 <= report["runs"][k]["all_reduce_share"] < 1 for k in ("psum", "jaxll"))
   assert report["same_tokens"] is True
   jaxll_run = report["runs"]["jaxll"]
   assert jaxll_run["paths"] == ["xla"] and jaxll_run["call_sites"] == 2  # 2 per layer (scan)
