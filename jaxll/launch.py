@@ -243,6 +243,19 @@ def _digest(output: str, tail: int = 40, marks: int = 20) -> str:
   return "\n".join(notable + (["..."] if notable else []) + lines[-tail:])
 
 
+_barriers = [0]
+
+
+def barrier(timeout_s: float = 300) -> None:
+  """In a launched worker: waits until every process of the run reaches its
+  barrier of the same number (the n-th call of each process meets the n-th of
+  every other), through jax.distributed's key-value store."""
+  from jax._src import distributed
+  _barriers[0] += 1
+  distributed.global_state.client.wait_at_barrier(f"jaxll-launch-{_barriers[0]}",
+                                                  int(timeout_s * 1000))
+
+
 def progress(message: str) -> None:
   """In a launched worker: a progress mark, shown with the output of a failed run."""
   print(f"{_PROGRESS}{os.environ.get(_ENV_ID, '?')}] {message}", flush=True)

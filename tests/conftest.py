@@ -56,3 +56,16 @@ def cpu_devices():
   if len(devs) < 8:
     pytest.skip("needs 8 CPU devices (XLA_FLAGS was set before jax initialised?)")
   return devs[:8]
+
+
+@pytest.fixture(scope="module")
+def mps():
+  """One CUDA MPS daemon for every multi-process run of a test module, where MPS
+  exists (False elsewhere)."""
+  from jaxll import launch
+  if not launch.mps_available():
+    yield False
+    return
+  daemon = launch.MpsDaemon()
+  yield daemon
+  daemon.stop()

@@ -236,16 +236,6 @@ def test_trap_mode_aborts_the_context_and_still_reports():
 ENV = dict(GPU_ENV, JAXLL_TIMEOUT_MS="2000", JAXLL_AUTO_MAX_BYTES=str(1 << 40))
 
 
-@pytest.fixture(scope="module")
-def mps():
-  if not launch.mps_available():
-    yield False
-    return
-  daemon = launch.MpsDaemon()
-  yield daemon
-  daemon.stop()
-
-
 def _run(scenario, n=2, mps=False, **kw):
   workers = launch.run(FAULTS, n, args=["--scenario", scenario, *kw.pop("args", [])],
                        timeout=TIMEOUT, env=ENV, mps=mps, devices=["0"] * n)

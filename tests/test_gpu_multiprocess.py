@@ -16,17 +16,6 @@ pytestmark = pytest.mark.gpu
 ENV = dict(GPU_ENV, JAXLL_AUTO_MAX_BYTES=str(1 << 40))
 
 
-@pytest.fixture(scope="module")
-def mps():
-  """One MPS daemon for every run of this module, where MPS exists."""
-  if not launch.mps_available():
-    yield False
-    return
-  daemon = launch.MpsDaemon()
-  yield daemon
-  daemon.stop()
-
-
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_processes_share_the_gpu(n, mps):
   args = ["--steps", "1000"] + (["--latency"] if n in (2, 8) else [])

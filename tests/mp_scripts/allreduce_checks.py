@@ -79,17 +79,12 @@ def expect_path(f, *args, algorithm, count=None):
   return sites
 
 
-_barriers = [0]
-
-
 def compiled(f, *args):
   """`f` compiled for `args`, once every process has compiled it too. Loading a
   module while the other processes' kernels already spin on a shared GPU
   waiting for this one is a hazard this test does not need to take."""
   c = f.lower(*args).compile()
-  _barriers[0] += 1
-  from jax._src import distributed
-  distributed.global_state.client.wait_at_barrier(f"jaxll-test-{_barriers[0]}", 300_000)
+  launch.barrier()
   return c
 
 

@@ -40,7 +40,6 @@ from jaxll import launch  # noqa: E402
 
 pid = launch.init_worker()
 import jaxll  # noqa: E402
-from jax._src import distributed  # noqa: E402
 
 n = jax.device_count()
 CALLS = 8          # all-reduces per step: enough for XLA to record a command buffer
@@ -48,14 +47,6 @@ COUNT = 1024
 TIMEOUT_MS = jaxll.get_config().timeout_ms
 report = {"pid": pid, "n": n, "scenario": opts.scenario, "steps": [], "errors": [],
           "timeout_ms": TIMEOUT_MS, "on_error": jaxll.on_error_mode()}
-_barrier = [0]
-
-
-def barrier():
-  _barrier[0] += 1
-  distributed.global_state.client.wait_at_barrier(f"faults-{_barrier[0]}", 300_000)
-
-
 def first_line(e: BaseException) -> str:
   lines = [l for l in str(e).splitlines() if l.strip()]
   return f"{type(e).__name__}: {lines[0] if lines else ''}"[:400]
@@ -148,7 +139,7 @@ def do_reset(label, timeout_s=30):
 
 if opts.scenario == "killed":
   step, x = make_step()
-  barrier()
+  launch.barrier()
   KILL = 20
   if pid == 1:
     x = run_steps(step, x, 0, KILL)
@@ -163,7 +154,7 @@ if opts.scenario == "killed":
 
 elif opts.scenario == "late":
   step, x = make_step()
-  barrier()
+  launch.barrier()
   LATE = 10
 
   def inject(i):
@@ -182,7 +173,7 @@ elif opts.scenario == "mismatch":
   other_in = {10: lambda: fresh(COUNT - 7),
               20: lambda: fresh(dtype="int32" if opts.dtype != "int32" else "float32"),
               30: lambda: fresh()}
-  barrier()
+  launch.barrier()
   for start in (0, 10, 20, 30):
     def inject(i, start=start):
       if pid == 1 and i == start and start:
@@ -192,21 +183,21 @@ elif opts.scenario == "mismatch":
     x = run_steps(step, x if x is not None else fresh(), start, start + 10, inject)
     checked(f"check_errors_after_{start + 9}")
     if start and report[f"check_errors_after_{start + 9}"] != "no error":
-      barrier()
+      launch.barrier()
       do_reset(f"reset_after_{start + 9}")
       x = None
   checked("check_errors_at_end")
 
 elif opts.scenario == "skip":
   step, x = make_step()
-  barrier()
+  launch.barrier()
 
   def inject(i):
     return "skipped" if pid == 1 and i == 10 else None
 
   x = run_steps(step, x, 0, 13, inject)
   checked("check_errors_after_12")
-  barrier()
+  launch.barrier()
   do_reset("reset")
   run_steps(step, fresh(), 13, 30)
   checked("check_errors_at_end")
@@ -234,7 +225,7 @@ elif opts.scenario == "layouts":
   d = (c + b).sum((0, 1))                      # over all four devices
   want = 2 * d / 8                             # dp sum of identical values, / 8
   compiled = f.lower(x).compile()
-  barrier()
+  launch.barrier()
   ok = 0
   for i in range(200):
     got = np.asarray(compiled(x).addressable_shards[0].data)
@@ -259,7 +250,7 @@ elif opts.scenario == "layouts":
     return v
 
   h = jax.jit(alternate).lower(xa).compile()
-  barrier()
+  launch.barrier()
   ok = 0
   for i in range(200):
     out = h(xa)
@@ -269,5 +260,5 @@ elif opts.scenario == "layouts":
                                       for s in jaxll.explain(f_, x if f_ is f else xa)})
   checked("check_errors_at_end")
 
-barrier()
+launch.barrier()
 launch.report(report)

@@ -42,15 +42,6 @@ want = {"forward": tm.ref_forward(w_in, w_out, x), "grad": tm.ref_grad(w_in, w_o
         "decode": tm.ref_decode(w_in, w_out, x)}
 report = {"pid": pid, "devices": [d.id for d in jax.local_devices()], "errors": [],
           "paths": {}, "max_error": {}}
-_barriers = [0]
-
-
-def barrier():
-  _barriers[0] += 1
-  from jax._src import distributed
-  distributed.global_state.client.wait_at_barrier(f"tp-block-{_barriers[0]}", 300_000)
-
-
 def max_error(got, ref):
   """Largest |got - ref| / (1 + |ref|) over this process's shards."""
   worst = 0.0
@@ -72,7 +63,7 @@ for variant in ("helpers", "route"):
     elif GPU and any(s.algorithm == "xla" for s in tp):
       report["errors"].append(f"{key}: tp sites on XLA: {[(s.site, s.reason) for s in tp]}")
     compiled = f.lower(*args).compile()
-    barrier()  # every process has its program loaded before any kernel spins
+    launch.barrier()  # every process has its program loaded before any kernel spins
     for _ in range(opts.runs):
       out = compiled(*args)
     errs = [max_error(g, r) for g, r in zip(jax.tree.leaves(out), jax.tree.leaves(want[name]))]
