@@ -185,7 +185,7 @@ def test_stress_hundred_thousand_calls_mixing_algorithms():
   rng = np.random.default_rng(5)
   counts = _mixed_counts(rng, 100_000)
   res = jt.stress(8, counts, algorithm=list(KERNELS), seed=5, max_delay_us=10)
-  assert res["error"] == "" and res["calls"] == 100_000
+  assert res["error"] == "" and res["calls"] == 100_000, res
   assert res["mismatches"] == 0, res
 
 

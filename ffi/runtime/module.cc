@@ -267,6 +267,7 @@ NB_MODULE(_jaxll, m) {
     d["got_bits"] = r.got_bits;
     d["want_bits"] = r.want_bits;
     d["error"] = r.error;
+    d["rank_errors"] = r.rank_errors;
     return d;
   }, "id"_a, "algorithms"_a, "dtype"_a, "op"_a, "counts"_a, "seed"_a, "max_delay_us"_a);
 

@@ -301,6 +301,7 @@ StressResult stress_typed(Comm& comm, const std::vector<Algorithm>& algorithms, 
     res.want_bits = h.want;
   }
   res.error = first_error(comm);
+  for (int i = 0; i < n; ++i) res.rank_errors.push_back(comm.error_word(comm.rank(0, i)));
   return res;
 }
 

@@ -21,6 +21,7 @@ struct StressResult {
   uint32_t got_bits = 0;
   uint32_t want_bits = 0;
   std::string error;         // non-empty if a rank recorded an error (timeout)
+  std::vector<uint64_t> rank_errors;  // every rank's error word (0: none), in rank order
 };
 
 // Runs counts.size() consecutive all-reduces on every virtual rank of `comm`
