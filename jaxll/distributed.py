@@ -6,11 +6,13 @@ process then opens the handles of the ranks of its groups that live elsewhere.
 No launcher, no MPI: the store that ``jax.distributed.initialize`` set up is
 the only channel. The steps, every process in the same order:
 
-1. facts: for each local rank, its host name, GPU UUID and how many blocks of
-   jaxll's kernels the GPU holds at once;
+1. facts: for each local rank, its host name, GPU UUID, SM count and how many
+   blocks of jaxll's kernels the GPU holds at once;
 2. agreement: groups that span hosts are refused (XLA serves them); the grid
    bound is the smallest per-GPU bound divided by the number of ranks that share
-   that GPU (N processes on one GPU must all be resident together);
+   that GPU (N processes on one GPU must all be resident together), and for a
+   shared GPU also below its SM count divided by that number (see
+   agree_max_blocks);
 3. build: enable peer access between local ranks, allocate and clear
    (sentinel scratch poisoned); the memory is ready before any peer can learn
    its address;
@@ -60,11 +62,22 @@ def _prefix(device_ids, config) -> str:
 
 def agree_max_blocks(members: list[dict]) -> int:
   """The grid bound for a workspace whose ranks have these facts (dicts with
-  "uuid" and "bound"): all ranks that share a GPU must be resident at once."""
+  "uuid", "bound" and "sms"): all ranks that share a GPU must be resident at
+  once. Where ranks of several processes share a GPU, their grids together
+  also stay below its SM count: a rank still running the work before its call
+  (a GEMM whose blocks each need a whole SM) must find an SM that no spinning
+  block holds, or its peers wait for it until they time out."""
   per_gpu: dict[str, int] = {}
   for m in members:
     per_gpu[m["uuid"]] = per_gpu.get(m["uuid"], 0) + 1
-  return min(int(m["bound"]) // per_gpu[m["uuid"]] for m in members)
+
+  def bound(m):
+    share = per_gpu[m["uuid"]]
+    b = int(m["bound"]) // share
+    if share > 1 and "sms" in m:
+      b = min(b, (int(m["sms"]) - 1) // share)
+    return b
+  return min(bound(m) for m in members)
 
 
 def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
@@ -87,7 +100,8 @@ def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
   for d in local:
     o = d.local_hardware_id
     client.key_value_set(f"{prefix}/info/{d.id}", json.dumps(
-        {"host": host, "uuid": ext.device_uuid(o), "bound": ext.device_block_bound(o)}))
+        {"host": host, "uuid": ext.device_uuid(o), "bound": ext.device_block_bound(o),
+         "sms": ext.device_sm_count(o)}))
   facts = {d.id: json.loads(client.blocking_key_value_get(f"{prefix}/info/{d.id}", timeout))
            for g in groups for d in g}
 

@@ -65,6 +65,13 @@ def test_grid_bound_agreement():
   # two GPUs with 2 and 1 ranks
   mixed = [{"uuid": "a", "bound": 100}, {"uuid": "a", "bound": 100}, {"uuid": "b", "bound": 60}]
   assert distributed.agree_max_blocks(mixed) == 50
+  # a GPU shared by processes: their grids together stay below its SM count
+  # (an H200: 132 SMs, 264 resident blocks), so one SM is always free of them
+  h200 = {"uuid": "a", "bound": 264, "sms": 132}
+  assert distributed.agree_max_blocks([h200] * 4) == 32
+  assert distributed.agree_max_blocks([h200] * 2) == 65
+  # one rank on it: the whole bound
+  assert distributed.agree_max_blocks([h200]) == 264
 
 
 def test_mps_workers_get_few_work_queues(tmp_path, monkeypatch):
@@ -152,7 +159,7 @@ def _run_processes(monkeypatch, hosts, fail=None):
 
   fake = types.SimpleNamespace(
       device_uuid=lambda o: f"gpu-of-{hosts[local.pid]}",
-      device_block_bound=lambda o: 264, create_comm=create_comm,
+      device_block_bound=lambda o: 264, device_sm_count=lambda o: 132, create_comm=create_comm,
       comm_ipc_handles=lambda comm: [b"ipc%d" % local.pid], comm_connect=comm_connect,
       free_comm=lambda comm: freed[local.pid].append(comm))
   monkeypatch.setattr(distributed, "ext", fake)
@@ -179,7 +186,9 @@ def _run_processes(monkeypatch, hosts, fail=None):
 def test_processes_on_one_host_build_and_connect(monkeypatch):
   out, freed, calls = _run_processes(monkeypatch, ["h", "h", "h"])
   assert out[0] == (100, ((0, -1, -1),)) and out[2] == (102, ((-1, -1, 0),))
-  assert calls == {0: 88, 1: 88, 2: 88}  # 264 resident blocks shared by 3 ranks on one GPU
+  # 264 resident blocks shared by 3 ranks on one GPU, and their grids together
+  # below its 132 SMs: 131 // 3
+  assert calls == {0: 43, 1: 43, 2: 43}
   assert freed == {0: [], 1: [], 2: []}
 
 

@@ -116,6 +116,12 @@ NB_MODULE(_jaxll, m) {
     nb::gil_scoped_release release;
     return device_block_bound(ordinal);
   }, "ordinal"_a, "Most co-resident blocks of jaxll's kernels on a device.");
+  m.def("device_sm_count", [](int ordinal) {
+    int sms = 0;
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal),
+               "querying the SM count of CUDA device " + std::to_string(ordinal));
+    return sms;
+  }, "ordinal"_a, "Number of SMs of a device.");
   m.def("device_uuid", &device_uuid, "ordinal"_a);
 
   m.def("comm_info", [](int64_t id) {
