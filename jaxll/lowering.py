@@ -196,31 +196,161 @@ def _tag(results, site: call_sites.CallSite) -> None:
 # a loop body, a branch) takes the one the call before it in that block returned:
 # a real read-after-write dependency, which every scheduler and every
 # command-buffer mode keeps. The kernels never touch it.
+#
+# Blocks nest (a loop inside the shard_map body, a branch inside a loop; JAX
+# often outlines a loop body into a function called with func.call), and the
+# chain of a block is joined across them with stablehlo.optimization_barrier,
+# whose results depend on all its operands. When a call is lowered, every op of
+# its block since the block's previous call that holds kernel calls (a loop, a
+# conditional or a func.call, searched through regions and called functions) is
+#  - ordered after the calls before it: its last operand passes through a
+#    barrier with the chain's order value;
+#  - ordered before this call: the order value this call takes passes through a
+#    barrier with the op's first result.
+# A loop or conditional whose calls are lowered inline is ordered after the
+# calls before it as soon as its first call is lowered. The chain of a block
+# with arguments (a loop body, an outlined function) starts from a barrier over
+# them, so a call of iteration i+1 comes after everything iteration i returned,
+# also in an unrolled or pipelined loop. Not joined: a call-holding op after
+# the last call of its block that has no data dependency on the calls before it.
 _ORDER_KEY = ("jaxll", "order chains")
 _ORDER_AVAL = core.ShapedArray((1,), np.dtype(np.uint32))
+_KERNEL_TARGET = "jaxll_all_reduce"
 
 
-def _order_chains(ctx) -> list:
-  """[block, last order value] pairs of the module being lowered."""
+class _Chain:
+  """The order chain of one block."""
+
+  def __init__(self, block):
+    self.block = block
+    self.value = None    # the order value the last call returned (None: none yet)
+    self.last_op = None  # the block's last kernel call (or host check) so far
+    self.joined = []     # ops of this block already ordered after the chain
+
+
+def _order_state(ctx):
   cache = getattr(ctx.module_context, "cached_primitive_lowerings", None)
   if cache is None:  # (a JAX without that dict: every call starts its own chain)
-    return []
-  return cache.setdefault(_ORDER_KEY, [])
+    return None
+  return cache.setdefault(_ORDER_KEY, {"chains": [], "holds": {}})
 
 
-def _order_in(ctx) -> tuple[ir.Value, list]:
-  block = ir.InsertionPoint.current.block
-  chains = _order_chains(ctx)
-  for entry in chains:
-    if entry[0] == block:
-      return entry[1], entry
-  entry = [block, None]
-  chains.append(entry)
+def _zero_order():
+  return mlir.ir_constant(np.zeros((1,), np.uint32))
+
+
+def _barrier_first(first: ir.Value, others) -> ir.Value:
+  """`first`, made to depend on every value of `others` (emitted at the current
+  insertion point)."""
+  from jax._src.lib.mlir.dialects import hlo
+  return hlo.OptimizationBarrierOp([first, *others]).results[0]
+
+
+def _same_op(a, b) -> bool:
+  return a is not None and b is not None and a.operation == b.operation
+
+
+def _holds_calls(ctx, op, state) -> bool:
+  """Whether `op` is or contains a kernel call (through regions and func.call)."""
+  op = op.operation
+  name = op.name
+  if name == "stablehlo.custom_call":
+    return "call_target_name" in op.attributes and \
+        ir.StringAttr(op.attributes["call_target_name"]).value == _KERNEL_TARGET
+  if name == "func.call":
+    callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+    holds = state["holds"]
+    if callee not in holds:
+      holds[callee] = False  # (recursion guard)
+      try:
+        fn = ctx.module_context.symbol_table[callee]
+      except (KeyError, AttributeError):
+        fn = None
+      holds[callee] = fn is not None and _holds_calls(ctx, fn, state)
+    return holds[callee]
+  for region in op.regions:
+    for block in region.blocks:
+      for inner in block.operations:
+        if _holds_calls(ctx, inner, state):
+          return True
+  return False
+
+
+def _order_before(chain: _Chain, op) -> None:
+  """Orders `op` (of chain's block) after the chain's calls so far."""
+  chain.joined.append(op)
+  operands = op.operation.operands
+  if chain.value is None or not len(operands):
+    return
+  # the last operand: a loop's first is its induction variable, whose constant
+  # start XLA reads to count the trips
+  last = len(operands) - 1
+  with ir.InsertionPoint(op.operation):
+    operands[last] = _barrier_first(operands[last], [chain.value])
+
+
+def _chain_of(ctx, state, block) -> _Chain:
+  """The chain of `block`, created on first use (and then, for the region of a
+  loop or conditional, that op ordered after the enclosing block's calls)."""
+  for chain in state["chains"]:
+    if chain.block == block:
+      return chain
+  chain = _Chain(block)
+  state["chains"].append(chain)
   check = _check_entry(ctx)
   if check is not None and check[2] == block:
     # the block that holds the host check: its calls come after the check
-    return check[0].result, entry
-  return mlir.ir_constant(np.zeros((1,), np.uint32)), entry
+    chain.value, chain.last_op = check[0].result, check[0]
+    return chain
+  owner = block.owner
+  name = owner.operation.name if owner is not None else ""
+  if name in _CONTROL_FLOW and owner.operation.parent is not None:
+    parent = _chain_of(ctx, state, owner.operation.block)
+    _catch_up(ctx, state, parent, stop=owner)
+    if not any(_same_op(owner, j) for j in parent.joined):
+      _order_before(parent, owner)
+  if len(block.arguments):
+    with ir.InsertionPoint.at_block_begin(block):
+      chain.value = _barrier_first(_zero_order(), list(block.arguments))
+  return chain
+
+
+def _catch_up(ctx, state, chain: _Chain, stop=None) -> None:
+  """Joins to `chain` every op of its block after its last call (up to `stop`,
+  exclusive) that holds kernel calls."""
+  ops = list(chain.block.operations)
+  start = 0
+  if chain.last_op is not None:
+    for i, op in enumerate(ops):
+      if _same_op(op, chain.last_op):
+        start = i + 1
+        break
+  for i in range(start, len(ops)):
+    op = ops[i]
+    if _same_op(op, stop):
+      break
+    if not _holds_calls(ctx, op, state):
+      continue
+    if not any(_same_op(op, j) for j in chain.joined):
+      _order_before(chain, op)
+    if len(op.results):
+      after = ir.InsertionPoint(ops[i + 1]) if i + 1 < len(ops) else \
+          ir.InsertionPoint(chain.block)
+      with after:
+        before = chain.value if chain.value is not None else _zero_order()
+        chain.value = _barrier_first(before, [op.results[0]])
+    chain.last_op = op
+
+
+def _order_in(ctx) -> tuple[ir.Value, _Chain | None]:
+  state = _order_state(ctx)
+  if state is None:
+    return _zero_order(), None
+  chain = _chain_of(ctx, state, ir.InsertionPoint.current.block)
+  _catch_up(ctx, state, chain)
+  if chain.value is None:
+    chain.value = _zero_order()
+  return chain.value, chain
 
 
 # --- The host check ---------------------------------------------------------------------
@@ -294,14 +424,16 @@ def emit_kernel_call(ctx, x, *, workspace: int, algorithm: str, op: str) -> ir.V
   emitted into the same block (and the program's host check told about its
   workspace)."""
   _note_workspace_for_check(ctx, workspace)
-  order, entry = _order_in(ctx)
+  order, chain = _order_in(ctx)
   call_ctx = ctx.replace(avals_in=[ctx.avals_in[0], _ORDER_AVAL],
                          avals_out=[ctx.avals_out[0], _ORDER_AVAL])
   rule = jax.ffi.ffi_lowering("jaxll_all_reduce")
   y, order_out = rule(call_ctx, x, order, comm=np.int64(workspace),
                       algorithm=np.int64(algorithms.SPECS[algorithm].code),
                       op=np.int64(algorithms.OP_CODES[op]))
-  entry[1] = order_out
+  if chain is not None:
+    chain.value = order_out
+    chain.last_op = order_out.owner
   return y
 
 

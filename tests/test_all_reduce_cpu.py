@@ -315,20 +315,100 @@ def test_kernel_calls_are_chained_in_program_order(mesh1, monkeypatch):
   x = _put(mesh1, np.ones((8,), np.float32), P("tp"))
   text = f.lower(x, x).as_text()
   chains = _kernel_call_chains(text)
-  # the four calls of the function body form one chain, in program order; the
-  # loop body's two calls their own
-  assert sorted(len(c) for c in chains) == [2, 4], chains
+  # the first three calls of the function body form one chain, in program
+  # order; the loop body's two calls their own; the call after the loop
+  # continues the first chain through a barrier with the loop (see
+  # test_kernel_calls_stay_ordered_across_loops_and_conditionals)
+  assert sorted(len(c) for c in chains) == [1, 2, 3], chains
   # the body's chain starts at the program's host check (which runs first), the
-  # loop body's at a constant
+  # loop body's and the call after the loop at a barrier
   starts = {}
   for chain in chains:
-    first_order = re.escape(chain[0][1])
-    if re.search(rf"{first_order} = stablehlo\.custom_call @jaxll_check", text):
+    first = re.escape(chain[0][1].split("#")[0])
+    if re.search(rf"{first} = stablehlo\.custom_call @jaxll_check", text):
       starts[len(chain)] = "check"
-    elif re.search(rf"{first_order} = stablehlo\.constant dense<0> : tensor<1xui32>", text):
-      starts[len(chain)] = "constant"
-  assert starts == {4: "check", 2: "constant"}, (starts, chains)
+    elif re.search(rf"{first}:\d+ = stablehlo\.optimization_barrier", text):
+      starts[len(chain)] = "barrier"
+  assert starts == {3: "check", 2: "barrier", 1: "barrier"}, (starts, chains)
   assert text.count("@jaxll_all_reduce(") == 6
+
+
+def _top_level_deps(text: str):
+  """(ops, deps) of the block that holds the host check (the shard_map body) in
+  lowered text: ops is [(result, op name)] in program order, deps maps a
+  result name to the names it uses directly (for a loop or conditional: its
+  operands)."""
+  lines = text.splitlines()
+  start = next(i for i, line in enumerate(lines) if "@jaxll_check" in line)
+  indent = len(lines[start]) - len(lines[start].lstrip())
+  ops, deps = [], {}
+  for line in lines[start:]:
+    here = len(line) - len(line.lstrip())
+    if line.strip() and here < indent:
+      break
+    m = re.match(r"(%[\w]+)(?::\d+)? = \"?([\w.]+)\"?(.*)", line.strip())
+    if here != indent or not m:
+      continue
+    result, name, rest = m.groups()
+    rest = rest.split(" : ", 1)[0] if name != "stablehlo.while" else rest.split(")", 1)[0]
+    if name == "stablehlo.custom_call":
+      name = "call " + re.match(r" @(\w+)", rest).group(1)
+    ops.append((result, name))
+    deps[result] = {u.split("#")[0] for u in re.findall(r"%[\w]+(?:#\d+)?", rest)}
+  return ops, deps
+
+
+def _reaches(deps, start, target) -> bool:
+  seen, todo = set(), [start]
+  while todo:
+    v = todo.pop()
+    if v == target:
+      return True
+    if v not in seen:
+      seen.add(v)
+      todo.extend(deps.get(v, ()))
+  return False
+
+
+def test_kernel_calls_stay_ordered_across_loops_and_conditionals(mesh1, monkeypatch):
+  # A loop or conditional that holds kernel calls (JAX often outlines a loop
+  # body into a function called with func.call) must run after the calls before
+  # it and before the calls after it: the conjugate-gradient pattern (a dot
+  # product, the iteration loop, a norm after it) otherwise lets XLA run the
+  # norm before or beside the loop.
+  monkeypatch.setattr(lowering, "decide", lambda ctx, aval, axes, op, requested:
+                      lowering.Decision("oneshot_ll", "forced by the test", 7, 8))
+
+  def ar(v):
+    return jaxll.all_reduce(v, "tp")
+
+  def body(a, b):
+    c1 = ar(a)
+    loop = jax.lax.fori_loop(0, 3, lambda i, v: ar(ar(v)), b)
+    c2 = ar(b * 2)
+    branch = jax.lax.cond(a[0] > 0, lambda v: ar(v) + 1, lambda v: ar(v * 2), b)
+    scanned, _ = jax.lax.scan(lambda c, x: (ar(c) + x, None), b, jnp.ones((2,) + b.shape))
+    c3 = ar(a * 3)
+    return c1, loop, c2, branch, scanned, c3
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh1, in_specs=(P("tp"), P("tp")),
+                            out_specs=(P(),) * 6, check_vma=False))
+  x = _put(mesh1, np.ones((8,), np.float32), P("tp"))
+  text = f.lower(x, x).as_text()
+  ops, deps = _top_level_deps(text)
+  holders = [r for r, name in ops
+             if name in ("call jaxll_all_reduce", "stablehlo.while", "stablehlo.case")]
+  kinds = [dict(ops)[r] for r in holders]
+  assert kinds == ["call jaxll_all_reduce", "stablehlo.while", "call jaxll_all_reduce",
+                   "stablehlo.case", "stablehlo.while", "call jaxll_all_reduce"], kinds
+  for before, after in zip(holders, holders[1:]):
+    assert _reaches(deps, after, before), (after, "does not depend on", before)
+  # each outlined loop body starts its chain after the body's arguments
+  for fn in re.findall(r"func\.func private @(closed_call\w*)\(", text):
+    fbody = text.split(f"func.func private @{fn}(", 1)[1].split("\n  }", 1)[0]
+    first = re.search(r"@jaxll_all_reduce\((%[\w#]+), (%[\w#]+)\)", fbody).group(2)
+    assert re.search(rf"{first.split('#')[0]}:\d+ = stablehlo\.optimization_barrier %c, %arg0",
+                     fbody), fbody
 
 
 def test_program_starts_with_one_host_check_of_every_workspace(mesh1, monkeypatch):

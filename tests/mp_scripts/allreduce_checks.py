@@ -244,6 +244,43 @@ if opts.stress:
   if total:
     report["errors"].append(f"stress: {total} elements differ from the first run's")
 
+section("loop")
+# 4b. Calls before, inside and after a loop that do not depend on each other
+# (the conjugate-gradient pattern: a dot product, the iteration loop, a norm
+# after it). XLA may run the call after the loop first, or beside it, unless
+# the order chain crosses the loop (jaxll/lowering.py); every run must give the
+# first run's bits.
+if opts.stress:
+  la, lb, lc = (rows((n,), c, np.float32, seed=40 + c) for c in (33, 3000, 70_001))
+  largs = [global_array(mesh, P("x"), v) for v in (la, lb, lc)]
+
+  pick = (lambda a: a) if GPU else (lambda a: "xla")  # (CPU: XLA's all-reduce)
+
+  def looped(a, b, c):
+    pre = jaxll.all_reduce(a, "x", algorithm=pick("oneshot_ll"))
+    loop = jax.lax.fori_loop(
+        0, 10, lambda i, v: jaxll.all_reduce(v, "x", algorithm=pick("twoshot_ll")) * 0.5, b)
+    post = jaxll.all_reduce(c, "x", algorithm=pick("oneshot_sentinel"))
+    return pre, loop, post
+
+  # (check_vma off: the loop carries a varying value into an invariant one)
+  lf = compiled(jax.jit(jax.shard_map(looped, mesh=mesh, in_specs=(P("x"),) * 3,
+                                      out_specs=(P("x"),) * 3, check_vma=False)), *largs)
+  lfirst = lf(*largs)
+  check("loop/before", rows_of(lfirst[0]), la.astype(np.float64).sum(0),
+        sum_tol(la.astype(np.float64), np.float32, pick("oneshot_ll")))
+  check("loop/after", rows_of(lfirst[2]), lc.astype(np.float64).sum(0),
+        sum_tol(lc.astype(np.float64), np.float32, pick("oneshot_sentinel")))
+  ref = [np.asarray(s.data) for o in lfirst for s in o.addressable_shards]
+  runs = max(opts.stress // 4, 1)
+  bad = 0
+  for _ in range(runs):
+    got = [np.asarray(s.data) for o in lf(*largs) for s in o.addressable_shards]
+    bad += sum(int(np.sum(g.view(np.uint32) != r.view(np.uint32))) for g, r in zip(got, ref))
+  report["loop_runs"] = runs
+  if bad:
+    report["errors"].append(f"loop: {bad} elements differ from the first run's")
+
 section("training step")
 # 5. A training step: gradient through the all-reduce, against the math.
 d, k = 16, 8
