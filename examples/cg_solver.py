@@ -135,6 +135,7 @@ def run(opts):
       report["skipped"]["psum"] = eu.psum_unavailable(opts)
       continue
     solve = make_solve(reductions[name]).lower(b).compile()
+    eu.line_up(opts)                                 # every process compiled
     x, hist = solve(b)                               # warm-up
     jax.block_until_ready(hist)
     times = []

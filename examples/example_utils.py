@@ -100,12 +100,24 @@ def _launch(opts, script):
 def describe(opts, devices) -> str:
   import jax
   d = devices[0]
+  if opts.worker and opts.shared_gpu:
+    return (f"1 {d.device_kind} shared by {jax.process_count()} processes "
+            f"({len(devices)} JAX devices, one per process)")
   where = f"{len(devices)} CPU devices" if d.platform == "cpu" else f"{len(devices)} x {d.device_kind}"
   if opts.worker:
     where += f", {jax.process_count()} processes"
-    if opts.shared_gpu:
-      where += " sharing one GPU"
   return where
+
+
+def line_up(opts):
+  """In a launched worker: waits for every process to get here. Called between
+  compiling a step and running it: jaxll's waits are bounded (JAXLL_TIMEOUT_MS,
+  10 s by default), so a process that starts its first collective while a peer
+  still compiles (XLA's autotuning runs on the GPU, slowly where other processes
+  keep it busy) would give up on that peer."""
+  if opts.worker:
+    from jaxll import launch
+    launch.barrier()
 
 
 def psum_unavailable(opts) -> str | None:
