@@ -213,6 +213,11 @@ def _tag(results, site: call_sites.CallSite) -> None:
 # them, so a call of iteration i+1 comes after everything iteration i returned,
 # also in an unrolled or pipelined loop. Not joined: a call-holding op after
 # the last call of its block that has no data dependency on the calls before it.
+# XLA's GPU compiler removes optimization barriers after scheduling
+# (OptimizationBarrierExpander in its post-scheduling passes): these joins fix
+# the order of the schedule, not of a command buffer built from buffer
+# dependencies (CONCURRENT mode), where only the in-block chains, real custom
+# call operands, hold.
 _ORDER_KEY = ("jaxll", "order chains")
 _ORDER_AVAL = core.ShapedArray((1,), np.dtype(np.uint32))
 _KERNEL_TARGET = "jaxll_all_reduce"
