@@ -14,6 +14,7 @@ _settings.validate()  # a bad JAXLL_* value fails here, on every platform
 from jaxll.algorithms import ALGORITHMS
 from jaxll.all_reduce import all_reduce
 from jaxll.call_sites import CallSite, explain, recent_call_sites
+from jaxll.fused import all_reduce_rmsnorm
 from jaxll.lowering import AlgorithmUnavailableError
 from jaxll.regions import copy_to_parallel_region, reduce_from_parallel_region
 from jaxll.route import route_psums
@@ -45,6 +46,7 @@ __all__ = [
     "Workspace",
     "WorkspaceConfig",
     "all_reduce",
+    "all_reduce_rmsnorm",
     "check_errors",
     "copy_to_parallel_region",
     "errors",

@@ -1,0 +1,120 @@
+"""jaxll.all_reduce_rmsnorm on 8 CPU devices: the psum-based reference math
+bitwise (both sides lower to XLA's all-reduce here), a float64 reference,
+gradients, explain and input checks."""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxll
+
+
+@pytest.fixture(scope="module")
+def mesh(cpu_devices):
+  return jax.make_mesh((8,), ("tp",), devices=cpu_devices)
+
+
+def _reference(x, residual, weight, eps):
+  """The documented numerics, written with jax.lax.psum."""
+  s = jax.lax.psum(x, "tp")
+  new_residual = (s.astype(jnp.float32) + residual.astype(jnp.float32)).astype(x.dtype)
+  h = new_residual.astype(jnp.float32)
+  inv = jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps)
+  return (h * inv).astype(x.dtype) * weight.astype(x.dtype), new_residual
+
+
+def _inputs(dtype, tokens=3, hidden=64, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((8 * tokens, hidden)).astype(dtype)       # per-rank partials
+  residual = rng.standard_normal((tokens, hidden)).astype(dtype)     # replicated
+  weight = (1 + 0.1 * rng.standard_normal(hidden)).astype(dtype)
+  return x, residual, weight
+
+
+def _shard(mesh, fn, check_vma):
+  return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(P("tp"), P(), P()),
+                               out_specs=(P(), P()), check_vma=check_vma))
+
+
+def _put(mesh, *arrays):
+  specs = (P("tp"), P(), P())
+  return [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(arrays, specs)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, np.float16])
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_matches_the_psum_reference_bitwise(mesh, dtype, check_vma):
+  args = _put(mesh, *_inputs(dtype))
+  got = _shard(mesh, lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp", eps=1e-5),
+               check_vma)(*args)
+  want = _shard(mesh, lambda x, r, w: _reference(x, r, w, 1e-5), check_vma)(*args)
+  for g, w in zip(got, want):
+    assert g.dtype == np.dtype(dtype) and g.shape == (3, 64)
+    np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w).view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-5), (jnp.bfloat16, 2e-2),
+                                       (np.float16, 5e-3)])
+def test_close_to_float64_math(mesh, dtype, tol):
+  x, residual, weight = _inputs(dtype, tokens=5, hidden=256, seed=1)
+  normed, new_residual = _shard(
+      mesh, lambda a, r, w: jaxll.all_reduce_rmsnorm(a, r, w, "tp"), True)(
+          *_put(mesh, x, residual, weight))
+  x64 = np.asarray(x, np.float64).reshape(8, 5, 256).sum(0)
+  h = x64 + np.asarray(residual, np.float64)
+  want = h / np.sqrt(np.mean(h * h, -1, keepdims=True) + 1e-6) * np.asarray(weight, np.float64)
+  np.testing.assert_allclose(np.asarray(new_residual, np.float64), h, rtol=tol, atol=tol)
+  np.testing.assert_allclose(np.asarray(normed, np.float64), want, rtol=tol, atol=4 * tol)
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_gradients_equal_the_psum_reference(mesh, check_vma):
+  args = _put(mesh, *_inputs(np.float32, seed=2))
+
+  def loss(fn):
+    def f(x, r, w):
+      normed, new_residual = fn(x, r, w)
+      return jnp.sum(normed * normed) + jnp.sum(jnp.sin(new_residual))
+    return f
+
+  def grads(fn):
+    def body(x, r, w):
+      g = jax.grad(loss(fn), argnums=(0, 1, 2))(x, r, w)
+      # the replicated inputs' cotangents are per-rank pieces: sum them
+      return g[0], jax.lax.psum(g[1], "tp"), jax.lax.psum(g[2], "tp")
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("tp"), P(), P()),
+                                 out_specs=(P("tp"), P(), P()), check_vma=check_vma))(*args)
+
+  got = grads(lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp"))
+  want = grads(lambda x, r, w: _reference(x, r, w, 1e-6))
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_explain_lists_its_all_reduce_at_the_callers_line(mesh):
+  args = _put(mesh, *_inputs(np.float32))
+
+  def block(x, r, w):
+    return jaxll.all_reduce_rmsnorm(x, r, w, "tp")  # the call site
+
+  sites = jaxll.explain(_shard(mesh, block, True), *args)
+  assert len(sites) == 1
+  assert sites[0].site.startswith("test_fused_cpu.py:") and ".block)" in sites[0].site
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(weight=np.ones(63, np.float32)), "weight must have shape"),
+    (dict(residual=np.ones((3, 64), np.float16)), "residual must have x's shape and dtype"),
+    (dict(x=np.ones((8 * 3, 64), np.int32)), "must be float32, bfloat16 or float16"),
+])
+def test_bad_inputs_are_refused(mesh, bad, match):
+  x, residual, weight = _inputs(np.float32)
+  kw = dict(x=x, residual=residual, weight=weight)
+  kw.update(bad)
+  args = _put(mesh, kw["x"], kw["residual"], kw["weight"])
+  with pytest.raises((ValueError, TypeError), match=match):
+    _shard(mesh, lambda a, r, w: jaxll.all_reduce_rmsnorm(a, r, w, "tp"), True)(*args)
