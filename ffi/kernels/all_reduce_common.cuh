@@ -223,12 +223,6 @@ struct Channel<Proto::kBarrier, T> : ChannelPlace {
   __device__ __forceinline__ void release(int, int64_t) const {}
 };
 
-// Peer k of this rank (k = 1..n-1), starting with the next rank so that ranks
-// spread their first stores.
-__device__ __forceinline__ int peer_at(int rank, int k, int n) {
-  return rank + k < n ? rank + k : rank + k - n;
-}
-
 // Waits (bounded) for one source's value at `slot`, then releases the slot.
 template <Proto P, class T, int W>
 __device__ __forceinline__ bool channel_recv(const Channel<P, T>& ch, int src, int slot,
@@ -341,21 +335,6 @@ __device__ __forceinline__ void send_to_peers(const Channel<P, T>& ch, int n, in
 #pragma unroll 1
     for (int k = 1; k < n; ++k) ch.send(peer_at(rank, k, n), slot, u);
   }
-}
-
-// LL16 only, at the epochs where ll16_refresh_due() holds: rewrites every slot
-// this rank sends to at `parity` (both phases, every peer) with an old flag, so
-// no 32-bit flag ages into aliasing. Every thread of the block must call it.
-__device__ __forceinline__ void ll_refresh(const RankView& v, uint64_t epoch, int parity) {
-  const uint32_t old_flag = static_cast<uint32_t>(epoch - 2);
-  const int slots = v.geo.region_bytes / 8;
-  for (int phase = 0; phase < kPhases; ++phase)
-    for (int k = 1; k < v.nranks; ++k) {
-      LL16* r = ll_region(v, peer_at(v.rank, k, v.nranks), phase, blockIdx.x, parity, v.rank);
-      for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) ll16_store(r + s, 0ull, old_flag);
-    }
-  fence_sys();
-  __syncthreads();
 }
 
 // Ends a round that another round of this block follows: sentinel and atomic

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "jaxll/ll_packet.cuh"
+#include "jaxll/memory_ops.cuh"
 #include "jaxll/rank_view.h"
 #include "jaxll/spin_wait.cuh"
 #include "jaxll/workspace_layout.h"
@@ -92,6 +93,27 @@ __device__ __forceinline__ BlockStart block_begin(const RankView& v, uint32_t ro
   }
   __syncthreads();
   return BlockStart{s_epoch, s_parity, s_error != 0};
+}
+
+// Peer k of this rank (k = 1..n-1), starting with the next rank so that ranks
+// spread their first stores.
+__device__ __forceinline__ int peer_at(int rank, int k, int n) {
+  return rank + k < n ? rank + k : rank + k - n;
+}
+
+// LL16 only, at the epochs where ll16_refresh_due() holds: rewrites every slot
+// this rank sends to at `parity` (both phases, every peer) with an old flag, so
+// no 32-bit flag ages into aliasing. Every thread of the block must call it.
+__device__ __forceinline__ void ll_refresh(const RankView& v, uint64_t epoch, int parity) {
+  const uint32_t old_flag = static_cast<uint32_t>(epoch - 2);
+  const int slots = v.geo.region_bytes / 8;
+  for (int phase = 0; phase < kPhases; ++phase)
+    for (int k = 1; k < v.nranks; ++k) {
+      LL16* r = ll_region(v, peer_at(v.rank, k, v.nranks), phase, blockIdx.x, parity, v.rank);
+      for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) ll16_store(r + s, 0ull, old_flag);
+    }
+  fence_sys();
+  __syncthreads();
 }
 
 __device__ __forceinline__ WaitContext wait_context(const RankView& v, uint64_t epoch) {
