@@ -15,6 +15,8 @@ from jaxll.algorithms import ALGORITHMS
 from jaxll.all_reduce import all_reduce
 from jaxll.call_sites import CallSite, explain, recent_call_sites
 from jaxll.fused import all_reduce_rmsnorm
+from jaxll import extension
+from jaxll.extension import get_cmake_dir, get_include
 from jaxll.lowering import AlgorithmUnavailableError
 from jaxll.regions import copy_to_parallel_region, reduce_from_parallel_region
 from jaxll.route import route_psums
@@ -51,8 +53,11 @@ __all__ = [
     "copy_to_parallel_region",
     "errors",
     "explain",
+    "extension",
     "free_workspaces",
+    "get_cmake_dir",
     "get_config",
+    "get_include",
     "kernels_available",
     "on_error_mode",
     "recent_call_sites",

@@ -149,25 +149,61 @@ def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
     if problem:
       return xla(problem, n)
 
+  ws_id, problem = _workspace_for_groups(groups)
+  if problem:
+    return xla(problem, n)
+  return Decision(name, reason, ws_id, n)
+
+
+def _workspace_for_groups(groups) -> tuple[int, str]:
+  """(workspace id, "") of the workspace serving `groups` (lists of jax
+  Devices), built on first use, or (0, why none can)."""
+  n = len(groups[0])
   if n > ext.max_ranks:
-    return xla(f"group of {n} devices exceeds the kernels' limit of {ext.max_ranks}", n)
+    return 0, f"group of {n} devices exceeds the kernels' limit of {ext.max_ranks}"
   me = jax.process_index()
   if any(d.platform != "gpu" for g in groups for d in g):
-    return xla("mesh devices are not CUDA GPUs", n)
+    return 0, "mesh devices are not CUDA GPUs"
   if any(d.process_index != me for g in groups for d in g):
     # Peer access and IPC mapping are checked while building, and every
     # process learns every other's outcome, so all decide alike.
     try:
       ws = workspace.get_distributed_workspace(groups)
     except distributed.DistributedSetupError as e:
-      return xla(str(e), n)
+      return 0, str(e)
   else:
     problem = _peers_reachable(groups)
     if problem:
-      return xla(problem, n)
+      return 0, problem
     ws = workspace.get_workspace([[d.local_hardware_id for d in g] for g in groups],
                                  [[d.id for d in g] for g in groups])
-  return Decision(name, reason, ws.id, n)
+  return ws.id, ""
+
+
+def workspace_for(ctx, axes: tuple) -> tuple[int, int, str]:
+  """(workspace id, group size, reason) for a collective over the mesh axes
+  `axes` in the program `ctx` lowers: the id of the workspace jaxll's own
+  calls over those axes use (built on first use), or 0 and the reason no
+  kernel can serve them (then lower to XLA's collectives instead)."""
+  mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+  if mesh is not None and not hasattr(mesh, "devices"):
+    mesh = None
+  try:
+    groups = reduction_groups(mesh, axes) if mesh is not None else None
+  except ValueError:
+    groups = None
+  n = len(groups[0]) if groups else 0
+  if settings.disabled():
+    return 0, n, "JAXLL_DISABLE is set"
+  platforms = _platforms(ctx)
+  if platforms != ("cuda",):
+    return 0, n, f"lowering for {'/'.join(platforms)}; jaxll kernels run on CUDA GPUs"
+  if ext is None:
+    return 0, n, _ext_module.NO_KERNELS_REASON
+  if mesh is None or not groups:
+    return 0, n, "no concrete device mesh at lowering time"
+  ws_id, problem = _workspace_for_groups(groups)
+  return ws_id, n, problem
 
 
 def _tag(results, site: call_sites.CallSite) -> None:
@@ -424,21 +460,31 @@ def _note_workspace_for_check(ctx, workspace: int) -> None:
         {"comms": mlir.ir_attribute(np.asarray(ids, np.int64))})
 
 
-def emit_kernel_call(ctx, x, *, workspace: int, algorithm: str, op: str) -> ir.Value:
-  """The ``jaxll_all_reduce`` custom call, ordered after the previous one
-  emitted into the same block (and the program's host check told about its
-  workspace)."""
+def emit_ordered_call(ctx, target: str, operands, *, workspace: int, **attributes) -> list:
+  """A custom call of FFI target `target` on workspace `workspace`, with the
+  operands `operands` (``ctx.avals_in``) and results ``ctx.avals_out``, plus
+  the 4-byte order buffer as the last operand and last result: ordered after
+  the previous kernel call emitted into the same block (see above), and the
+  program's host check told about the workspace. Attributes: ``comm`` (the
+  workspace id) and `attributes`. Returns the results without the order."""
   _note_workspace_for_check(ctx, workspace)
   order, chain = _order_in(ctx)
-  call_ctx = ctx.replace(avals_in=[ctx.avals_in[0], _ORDER_AVAL],
-                         avals_out=[ctx.avals_out[0], _ORDER_AVAL])
-  rule = jax.ffi.ffi_lowering("jaxll_all_reduce")
-  y, order_out = rule(call_ctx, x, order, comm=np.int64(workspace),
-                      algorithm=np.int64(algorithms.SPECS[algorithm].code),
-                      op=np.int64(algorithms.OP_CODES[op]))
+  call_ctx = ctx.replace(avals_in=[*ctx.avals_in, _ORDER_AVAL],
+                         avals_out=[*ctx.avals_out, _ORDER_AVAL])
+  rule = jax.ffi.ffi_lowering(target)
+  *results, order_out = rule(call_ctx, *operands, order, comm=np.int64(workspace),
+                             **attributes)
   if chain is not None:
     chain.value = order_out
     chain.last_op = order_out.owner
+  return results
+
+
+def emit_kernel_call(ctx, x, *, workspace: int, algorithm: str, op: str) -> ir.Value:
+  """The ``jaxll_all_reduce`` custom call (see emit_ordered_call)."""
+  (y,) = emit_ordered_call(ctx, "jaxll_all_reduce", [x], workspace=workspace,
+                           algorithm=np.int64(algorithms.SPECS[algorithm].code),
+                           op=np.int64(algorithms.OP_CODES[op]))
   return y
 
 

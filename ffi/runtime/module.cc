@@ -13,6 +13,7 @@
 #include <string>
 
 #include "../kernels/all_reduce.h"
+#include "extension_api.h"
 #include "ffi_handlers.h"
 #include "jaxll/error_word.h"
 #include "jaxll/workspace_layout.h"
@@ -116,6 +117,9 @@ NB_MODULE(_jaxll, m) {
     nb::gil_scoped_release release;
     return device_block_bound(ordinal);
   }, "ordinal"_a, "Most co-resident blocks of jaxll's kernels on a device.");
+  m.def("extension_api", [] {
+    return nb::capsule(static_cast<const void*>(extension_api()), "jaxll.extension_api");
+  }, "A capsule holding the const jaxll::ExtensionApi* (jaxll/extension.h).");
   m.def("device_sm_count", [](int ordinal) {
     int sms = 0;
     check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal),

@@ -1,0 +1,53 @@
+// The extension API: how a CUDA extension built outside jaxll runs collective
+// kernels of its own on a jaxll workspace (host side; plain C++).
+//
+// In Python, jaxll.extension.api() returns a capsule named "jaxll.extension_api"
+// that holds a `const ExtensionApi*`. An extension takes it once (an init
+// function of its module), checks `version` and `rank_view_bytes` against the
+// headers it was built with, and keeps the pointer. Its XLA FFI handler gets
+// the workspace id as the `comm` attribute (jaxll.extension.emit_call sets it)
+// and the CUDA device ordinal XLA runs it on, asks get_rank_view for that rank,
+// and passes the RankView by value to its kernel, which uses the device API
+// (jaxll/jaxll.cuh).
+//
+// Calling contract of such a kernel (what jaxll's own kernels keep too):
+//  - every rank of the group makes the same calls on the workspace, in the same
+//    order, with the same grid (emit_call chains each call after the previous
+//    jaxll call of its block, so XLA keeps that order);
+//  - every block reserves its epochs with block_begin() and leaves at once,
+//    without communicating, when that reports an earlier error;
+//  - every wait is bounded (bounded_wait, ll16_wait) and a wait that gave up
+//    records the error (spin_wait.cuh), so a lost peer never hangs the GPU;
+//  - a grid has at most `view.max_blocks` blocks (all co-resident).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "jaxll/rank_view.h"
+
+namespace jaxll {
+
+constexpr uint32_t kExtensionApiVersion = 1;
+
+// What get_rank_view returns.
+enum ExtensionStatus : int {
+  kExtensionOk = 0,
+  kExtensionNoWorkspace = 1,  // no such workspace (freed by jaxll.free_workspaces()?)
+  kExtensionNotMember = 2,    // the device is not a rank of it (or it is not connected)
+  kExtensionHasError = 3,     // a kernel recorded an error there: fail the call (the
+                              // message says which); jaxll.reset() clears it
+};
+
+struct ExtensionApi {
+  uint32_t version;          // kExtensionApiVersion of the jaxll that filled it
+  uint32_t rank_view_bytes;  // sizeof(RankView) in that jaxll
+  // Fills *view with the rank of workspace `workspace` on CUDA device `ordinal`.
+  // On anything but kExtensionOk writes a message into `error` (at most
+  // `error_len` bytes including the terminating NUL). Safe to call from XLA's
+  // execution threads (the workspace registry's lookups take no lock).
+  int (*get_rank_view)(int64_t workspace, int ordinal, RankView* view, char* error,
+                       size_t error_len);
+};
+
+}  // namespace jaxll

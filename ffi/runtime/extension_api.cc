@@ -1,0 +1,47 @@
+// The extension API (jaxll/extension.h) over the workspace registry.
+#include "extension_api.h"
+
+#include <cstdio>
+#include <string>
+
+#include "workspace.h"
+
+namespace jaxll {
+namespace {
+
+int fail(int status, const std::string& message, char* error, size_t error_len) {
+  if (error != nullptr && error_len > 0) std::snprintf(error, error_len, "%s", message.c_str());
+  return status;
+}
+
+int get_rank_view(int64_t workspace, int ordinal, RankView* view, char* error, size_t error_len) {
+  Comm* c = comm_lookup(workspace);
+  if (c == nullptr) {
+    return fail(kExtensionNoWorkspace,
+                "jaxll: workspace " + std::to_string(workspace) +
+                    " does not exist (freed by jaxll.free_workspaces()?)",
+                error, error_len);
+  }
+  Rank* r = c->rank_for_ordinal(ordinal);
+  if (r == nullptr || !c->connected()) {
+    return fail(kExtensionNotMember,
+                "jaxll: CUDA device " + std::to_string(ordinal) + " is not a member of workspace " +
+                    std::to_string(workspace),
+                error, error_len);
+  }
+  if (uint64_t word = c->error_word(*r)) {
+    return fail(kExtensionHasError, c->describe_error(*r, word), error, error_len);
+  }
+  *view = r->view;
+  return kExtensionOk;
+}
+
+}  // namespace
+
+const ExtensionApi* extension_api() {
+  static const ExtensionApi api{kExtensionApiVersion, static_cast<uint32_t>(sizeof(RankView)),
+                                &get_rank_view};
+  return &api;
+}
+
+}  // namespace jaxll
