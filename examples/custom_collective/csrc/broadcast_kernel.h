@@ -1,0 +1,16 @@
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "jaxll/rank_view.h"
+
+namespace custom_collective {
+
+// Broadcasts `bytes` bytes of `x` on rank `root` into `y` on every rank of
+// `view`'s group (each rank calls it with its own view, the same bytes/root).
+cudaError_t launch_broadcast(const jaxll::RankView& view, const void* x, void* y, int64_t bytes,
+                             int root, cudaStream_t stream);
+
+}  // namespace custom_collective
