@@ -76,7 +76,8 @@ def _register_targets() -> None:
     # capture it into command buffers (CUDA graphs), like the no-op used to
     # measure the custom-call floor. The virtual-rank handler forks onto several
     # streams and stays outside them.
-    extra = cmd_buffer if name in ("jaxll_all_reduce", "jaxll_noop") else {}
+    extra = cmd_buffer if name in ("jaxll_all_reduce", "jaxll_all_reduce_rmsnorm",
+                                   "jaxll_noop") else {}
     jax.ffi.register_ffi_target(name, capsule, platform="CUDA", **extra)
 
 

@@ -256,7 +256,7 @@ def _tag(results, site: call_sites.CallSite) -> None:
 # call operands, hold.
 _ORDER_KEY = ("jaxll", "order chains")
 _ORDER_AVAL = core.ShapedArray((1,), np.dtype(np.uint32))
-_KERNEL_TARGET = "jaxll_all_reduce"
+_CHECK_TARGET = "jaxll_check"
 
 
 class _Chain:
@@ -273,7 +273,8 @@ def _order_state(ctx):
   cache = getattr(ctx.module_context, "cached_primitive_lowerings", None)
   if cache is None:  # (a JAX without that dict: every call starts its own chain)
     return None
-  return cache.setdefault(_ORDER_KEY, {"chains": [], "holds": {}})
+  # targets: the FFI targets emitted with an order buffer (emit_ordered_call)
+  return cache.setdefault(_ORDER_KEY, {"chains": [], "holds": {}, "targets": set()})
 
 
 def _zero_order():
@@ -291,13 +292,19 @@ def _same_op(a, b) -> bool:
   return a is not None and b is not None and a.operation == b.operation
 
 
+def _target(op) -> str:
+  op = op.operation
+  if op.name != "stablehlo.custom_call" or "call_target_name" not in op.attributes:
+    return ""
+  return ir.StringAttr(op.attributes["call_target_name"]).value
+
+
 def _holds_calls(ctx, op, state) -> bool:
   """Whether `op` is or contains a kernel call (through regions and func.call)."""
   op = op.operation
   name = op.name
   if name == "stablehlo.custom_call":
-    return "call_target_name" in op.attributes and \
-        ir.StringAttr(op.attributes["call_target_name"]).value == _KERNEL_TARGET
+    return _target(op) in state["targets"]
   if name == "func.call":
     callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
     holds = state["holds"]
@@ -370,6 +377,19 @@ def _catch_up(ctx, state, chain: _Chain, stop=None) -> None:
     op = ops[i]
     if _same_op(op, stop):
       break
+    target = _target(op)
+    if target == _CHECK_TARGET and chain.value is None:
+      # a host check lowered elsewhere and inlined here (JAX outlines, then
+      # inlines, some lowerings): the chain starts at it
+      chain.value, chain.last_op = op.results[0], op
+      continue
+    if target in state["targets"]:
+      # an ordered call lowered elsewhere and inlined here: its order operand
+      # (the last) follows this chain, its order result continues it
+      if not any(_same_op(op, j) for j in chain.joined):
+        _order_before(chain, op)
+      chain.value, chain.last_op = op.results[len(op.results) - 1], op
+      continue
     if not _holds_calls(ctx, op, state):
       continue
     if not any(_same_op(op, j) for j in chain.joined):
@@ -468,6 +488,9 @@ def emit_ordered_call(ctx, target: str, operands, *, workspace: int, **attribute
   program's host check told about the workspace. Attributes: ``comm`` (the
   workspace id) and `attributes`. Returns the results without the order."""
   _note_workspace_for_check(ctx, workspace)
+  state = _order_state(ctx)
+  if state is not None:
+    state["targets"].add(target)
   order, chain = _order_in(ctx)
   call_ctx = ctx.replace(avals_in=[*ctx.avals_in, _ORDER_AVAL],
                          avals_out=[*ctx.avals_out, _ORDER_AVAL])

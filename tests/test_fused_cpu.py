@@ -118,3 +118,66 @@ def test_bad_inputs_are_refused(mesh, bad, match):
   args = _put(mesh, kw["x"], kw["residual"], kw["weight"])
   with pytest.raises((ValueError, TypeError), match=match):
     _shard(mesh, lambda a, r, w: jaxll.all_reduce_rmsnorm(a, r, w, "tp"), True)(*args)
+
+
+def test_fused_request_falls_back_to_the_composition_on_cpu(mesh):
+  # algorithm="fused" where no kernel can serve (CPU): the composition, bitwise,
+  # and the same gradients
+  args = _put(mesh, *_inputs(jnp.bfloat16, seed=3))
+  fused = _shard(mesh, lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm="fused"),
+                 True)(*args)
+  plain = _shard(mesh, lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp"), True)(*args)
+  for a, b in zip(fused, plain):
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+
+  def grads(algorithm):
+    def body(x, r, w):
+      def loss(x, r, w):
+        n, h = jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm=algorithm)
+        return jnp.sum(n.astype(jnp.float32) ** 2) + jnp.sum(h.astype(jnp.float32))
+      g = jax.grad(loss, argnums=(0, 1, 2))(x, r, w)
+      return g[0], jax.lax.psum(g[1], "tp"), jax.lax.psum(g[2], "tp")
+    f32 = [a.astype(jnp.float32) for a in args]
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("tp"), P(), P()),
+                                 out_specs=(P("tp"), P(), P())))(*f32)
+  for a, b in zip(grads("fused"), grads("auto")):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _cuda_text(mesh, monkeypatch, hidden, body=None):
+  """Lowered for CUDA (no GPU needed) with the workspace lookup forced to 7."""
+  from jaxll import lowering
+  monkeypatch.setattr(lowering, "workspace_for", lambda ctx, axes: (7, 8, ""))
+  monkeypatch.setattr(lowering, "decide", lambda ctx, aval, axes, op, requested:
+                      lowering.Decision("oneshot_ll", "forced by the test", 7, 8))
+  x, residual, weight = _inputs(np.float32, hidden=hidden)
+
+  def default(x, r, w):
+    a, b = jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm="fused", eps=1e-5)
+    return a, jaxll.all_reduce(b, "tp")
+
+  f = _shard(mesh, body or default, True)
+  return f.trace(*_put(mesh, x, residual, weight)).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_fused_request_lowers_to_the_kernel_in_the_order_chain(mesh, monkeypatch):
+  import re
+  text = _cuda_text(mesh, monkeypatch, hidden=64)
+  calls = re.findall(r"(%\w+):(\d) = stablehlo\.custom_call @(\w+)\(([^)]*)\)", text)
+  assert [c[2] for c in calls] == ["jaxll_all_reduce_rmsnorm", "jaxll_all_reduce"], calls
+  fused, after = calls
+  check = re.search(r"(%\w+) = stablehlo\.custom_call @jaxll_check", text).group(1)
+  order_in = fused[3].split(", ")[-1]
+  # after the host check: its result, or a barrier over it
+  assert fused[1] == "3" and (order_in == check or re.search(
+      rf"{order_in.split('#')[0]}:\d+ = stablehlo\.optimization_barrier {check}\b", text)), text
+  assert after[3].split(", ")[-1] == fused[0] + "#2"               # the next call after it
+  assert "eps = 9.99999974E-6 : f32" in text and "comm = 7" in text
+  sites = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"]
+  assert sites and sites[-1].algorithm == "fused_oneshot_ll"
+
+
+def test_fused_request_with_an_odd_hidden_size_takes_the_composition(mesh, monkeypatch):
+  # float32 x 63: 252 bytes per row, not a multiple of 8
+  text = _cuda_text(mesh, monkeypatch, hidden=63)
+  assert "jaxll_all_reduce_rmsnorm" not in text and text.count("@jaxll_all_reduce(") == 2

@@ -4,6 +4,8 @@ whose memory is shared by CUDA IPC (tests/mp_scripts/allreduce_checks.py). With
 one GPU, all N processes share it (CUDA MPS is started when available).
 Marked ``gpu``."""
 
+import os
+
 import pytest
 
 from jaxll import launch
@@ -50,3 +52,17 @@ def test_tp_model_through_processes(n, mps):
     assert len(w.result["paths"]) == 6 and all(w.result["paths"].values()), w.result["paths"]
   print(f"\nN={n}: tp paths {workers[0].result['paths']}; "
         f"max error {max(max(w.result['max_error'].values()) for w in workers):.1e}")
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_fused_all_reduce_rmsnorm_through_processes(n, mps):
+  # jaxll.all_reduce_rmsnorm(algorithm="fused") against the composition over
+  # the one-shot all-reduce (tests/mp_scripts/rmsnorm_check.py): new_residual
+  # bitwise, normed within a rounding or two, runs stable, shapes up to
+  # 64 x 16384 bf16 and rows longer than one scratch region.
+  script = os.path.join(os.path.dirname(CHECKS), "rmsnorm_check.py")
+  workers = launch.run(script, n, timeout=TIMEOUT, env=ENV, mps=mps, devices=["0"] * n)
+  for w in workers:
+    assert not w.result["errors"], (w.process_id, w.result["errors"])
+    assert w.result["cases"] == 6
+  print(f"\nN={n}: normed max relative difference {workers[0].result['max_rel']}")

@@ -201,6 +201,7 @@ cudaError_t launch_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op, con
 std::vector<const void*> all_kernel_functions() {
   std::vector<const void*> out;
   for (const KernelEntry& e : table().entries()) out.push_back(e.fn);
+  for (const void* fn : rmsnorm_kernel_functions()) out.push_back(fn);
   out.push_back(reinterpret_cast<const void*>(&fill_i32_kernel));
   out.push_back(reinterpret_cast<const void*>(&empty_kernel));
   return out;

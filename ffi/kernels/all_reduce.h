@@ -76,6 +76,16 @@ cudaError_t launch_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op, con
 std::vector<const void*> all_kernel_functions();
 
 // Small helper kernels used by the runtime and the testing tools.
+// All-reduce + residual + RMSNorm (all_reduce_rmsnorm.cu): x, residual, normed
+// and new_residual are (tokens, hidden) of `dtype`, weight (hidden,). Null when
+// the kernel can serve (dtype, hidden) on `view`'s workspace, else what it lacks.
+const char* rmsnorm_unsupported(DType dtype, int64_t hidden, const RankView& view);
+cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const void* x,
+                                      const void* residual, const void* weight, void* normed,
+                                      void* new_residual, int64_t tokens, int64_t hidden,
+                                      float eps, cudaStream_t stream);
+std::vector<const void*> rmsnorm_kernel_functions();
+
 cudaError_t launch_fill_i32(int32_t* out, int32_t value, cudaStream_t stream);
 // An empty kernel: the floor under any custom call that launches one.
 cudaError_t launch_empty(cudaStream_t stream);

@@ -11,6 +11,9 @@
 //   jaxll_check               host-only (never in a command buffer): fails the
 //                             program with the recorded error when a workspace
 //                             it uses has one (see jaxll/lowering.py)
+//   jaxll_all_reduce_rmsnorm  all-reduce + residual add + RMSNorm in one kernel
+//                             (command-buffer compatible); operands x, residual,
+//                             weight, order; results normed, new_residual, order
 //   jaxll_noop                launches one empty kernel (the custom-call floor the
 //                             benchmark measures; command-buffer compatible)
 #include "ffi_handlers.h"
@@ -73,13 +76,9 @@ ffi::Error launch_error(cudaError_t e, const Comm& c, const std::string& what) {
                               " (" + cudaGetErrorString(e) + ")");
 }
 
-// `order` in and out: 4 bytes that chain the calls of one block so XLA keeps
-// them in program order and never runs two at once (jaxll/lowering.py); never
-// read or written here.
-ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
-                            ffi::AnyBuffer /*order*/, ffi::Result<ffi::AnyBuffer> y,
-                            ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t comm_id,
-                            int64_t algorithm, int64_t op) {
+// The rank of workspace `comm_id` on device `ordinal`, ready for a call: it
+// exists, the device is a member, and no kernel recorded an error there.
+ffi::Error find_rank(int64_t comm_id, int32_t ordinal, Comm** comm, Rank** rank) {
   Comm* c = comm_lookup(comm_id);
   if (c == nullptr) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
@@ -97,6 +96,21 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer
   if (uint64_t word = c->error_word(*r)) {
     return ffi::Error(ffi::ErrorCode::kAborted, c->describe_error(*r, word));
   }
+  *comm = c;
+  *rank = r;
+  return ffi::Error::Success();
+}
+
+// `order` in and out: 4 bytes that chain the calls of one block so XLA keeps
+// them in program order and never runs two at once (jaxll/lowering.py); never
+// read or written here.
+ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
+                            ffi::AnyBuffer /*order*/, ffi::Result<ffi::AnyBuffer> y,
+                            ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t comm_id,
+                            int64_t algorithm, int64_t op) {
+  Comm* c = nullptr;
+  Rank* r = nullptr;
+  if (ffi::Error e = find_rank(comm_id, ordinal, &c, &r); e.failure()) return e;
   if (ffi::Error e = check_call(algorithm, op); e.failure()) return e;
   DType dtype;
   if (ffi::Error e = to_dtype(x.element_type(), &dtype); e.failure()) return e;
@@ -200,6 +214,50 @@ ffi::Error DeviceOrdinalExecute(cudaStream_t stream, int32_t ordinal,
   return ffi::Error::Success();
 }
 
+// All-reduce of x over the workspace's group + residual + RMSNorm with weight
+// (x, residual, normed, new_residual: (..., hidden); weight: (hidden,); one
+// element type); `order` as for jaxll_all_reduce.
+ffi::Error RmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
+                          ffi::AnyBuffer residual, ffi::AnyBuffer weight, ffi::AnyBuffer /*order*/,
+                          ffi::Result<ffi::AnyBuffer> normed,
+                          ffi::Result<ffi::AnyBuffer> new_residual,
+                          ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t comm_id, float eps) {
+  Comm* c = nullptr;
+  Rank* r = nullptr;
+  if (ffi::Error e = find_rank(comm_id, ordinal, &c, &r); e.failure()) return e;
+  DType dtype;
+  if (ffi::Error e = to_dtype(x.element_type(), &dtype); e.failure()) return e;
+  const auto dims = x.dimensions();
+  if (dims.size() < 1) return ffi::Error::InvalidArgument("jaxll: all_reduce_rmsnorm needs a hidden axis");
+  const int64_t hidden = dims[dims.size() - 1];
+  const int64_t count = static_cast<int64_t>(x.element_count());
+  const bool same = residual.element_type() == x.element_type() &&
+                    weight.element_type() == x.element_type() &&
+                    normed->element_type() == x.element_type() &&
+                    new_residual->element_type() == x.element_type() &&
+                    static_cast<int64_t>(residual.element_count()) == count &&
+                    static_cast<int64_t>(normed->element_count()) == count &&
+                    static_cast<int64_t>(new_residual->element_count()) == count &&
+                    static_cast<int64_t>(weight.element_count()) == hidden;
+  if (!same) {
+    return ffi::Error::InvalidArgument(
+        "jaxll: all_reduce_rmsnorm takes x, residual (x's shape) and weight (hidden,) of one "
+        "element type, and returns two arrays of x's shape");
+  }
+  if (count == 0) return ffi::Error::Success();
+  if (const char* problem = rmsnorm_unsupported(dtype, hidden, r->view)) {
+    return ffi::Error::InvalidArgument(std::string("jaxll: all_reduce_rmsnorm kernel: unsupported ") +
+                                       problem);
+  }
+  if (ffi::Error e = use_device(ordinal); e.failure()) return e;
+  cudaError_t e = launch_all_reduce_rmsnorm(dtype, r->view, x.untyped_data(), residual.untyped_data(),
+                                            weight.untyped_data(), normed->untyped_data(),
+                                            new_residual->untyped_data(), count / hidden, hidden,
+                                            eps, stream);
+  if (e != cudaSuccess) return launch_error(e, *c, "an all_reduce_rmsnorm of " + std::to_string(count) + " elements");
+  return ffi::Error::Success();
+}
+
 // Launches one empty kernel; output aliases input. A jitted chain of these is the
 // per-call floor of any FFI custom call that launches a kernel.
 ffi::Error NoopExecute(cudaStream_t stream, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer>) {
@@ -215,6 +273,7 @@ using jaxll::AllReduceExecute;
 using jaxll::CheckExecute;
 using jaxll::DeviceOrdinalExecute;
 using jaxll::NoopExecute;
+using jaxll::RmsNormExecute;
 using jaxll::VirtualAllReduceExecute;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_handler, AllReduceExecute,
@@ -257,4 +316,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_noop_handler, NoopExecute,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_rmsnorm_handler, RmsNormExecute,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<float>("eps"),
                               {ffi::Traits::kCmdBufferCompatible});
