@@ -17,8 +17,8 @@
 #include "ffi_handlers.h"
 #include "jaxll/error_word.h"
 #include "jaxll/workspace_layout.h"
-#include "sol_probe.h"
-#include "virtual_testing.h"
+#include "../testing/sol_probe.h"
+#include "../testing/virtual_testing.h"
 #include "workspace.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -58,6 +58,8 @@ int device_count() {
 NB_MODULE(_jaxll, m) {
   using namespace jaxll;
   m.doc() = "jaxll native extension: XLA FFI handlers, symmetric workspaces, testing tools";
+  // the testing tools' kernels load with every workspace, as jaxll's own do
+  register_preloaded_kernels(testing_kernel_functions());
 
   m.attr("built_jaxlib_version") = JAXLL_BUILT_JAXLIB_VERSION;
   m.attr("ffi_api_version") = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);

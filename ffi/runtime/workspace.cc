@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "../kernels/all_reduce.h"
-#include "virtual_testing.h"
 #include "jaxll/error_word.h"
 #include "jaxll/workspace_layout.h"
 
@@ -33,13 +32,23 @@ std::string where(const Rank& r) {
          " (CUDA device " + std::to_string(r.ordinal) + ")";
 }
 
+// Kernels of tools built on the runtime (the bindings hand in the testing
+// kernels) that every workspace loads along with jaxll's own.
+std::mutex g_preload_mutex;
+std::vector<const void*>& preloaded_kernels() {
+  static std::vector<const void*> fns;
+  return fns;
+}
+
 // Loads every kernel jaxll may launch on the current device. With CUDA's lazy
 // loading, a kernel loaded on first launch while a collective spins elsewhere
 // can stall behind it until the collective's deadline; so nothing is left lazy.
 void load_all_kernels() {
   std::vector<const void*> fns = all_kernel_functions();
-  const std::vector<const void*> tools = testing_kernel_functions();
-  fns.insert(fns.end(), tools.begin(), tools.end());
+  {
+    std::lock_guard<std::mutex> lock(g_preload_mutex);
+    fns.insert(fns.end(), preloaded_kernels().begin(), preloaded_kernels().end());
+  }
   for (const void* fn : fns) {
     cudaFuncAttributes attr;  // querying the attributes loads the kernel
     check_cuda(cudaFuncGetAttributes(&attr, fn), "loading jaxll kernels");
@@ -113,6 +122,16 @@ void write_idle_signatures(const Rank& r, const ScratchGeometry& geo, cudaStream
 }
 
 }  // namespace
+
+void register_preloaded_kernels(const std::vector<const void*>& fns) {
+  std::lock_guard<std::mutex> lock(g_preload_mutex);
+  for (const void* fn : fns) {
+    if (std::find(preloaded_kernels().begin(), preloaded_kernels().end(), fn) ==
+        preloaded_kernels().end()) {
+      preloaded_kernels().push_back(fn);
+    }
+  }
+}
 
 bool trap_on_error() {
   const char* env = std::getenv("JAXLL_ON_ERROR");

@@ -118,6 +118,12 @@ class Comm {
   cudaEvent_t fork_ = nullptr;
 };
 
+// Kernels that every workspace built from now on loads on its devices along
+// with jaxll's own (see load_all_kernels in workspace.cc): tools built on the
+// runtime hand theirs in (the bindings register the testing kernels), so the
+// runtime depends on no tool.
+void register_preloaded_kernels(const std::vector<const void*>& fns);
+
 // SMs times the lowest occupancy of jaxll's kernels on CUDA device `ordinal`
 // (loads every kernel there): the most blocks that can be co-resident.
 int device_block_bound(int ordinal);

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "../kernels/all_reduce.h"
-#include "workspace.h"
+#include "../runtime/workspace.h"
 
 namespace jaxll {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "jaxll/spin_wait.cuh"
-#include "workspace.h"
+#include "../runtime/workspace.h"
 
 namespace jaxll {
 namespace {
