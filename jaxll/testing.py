@@ -92,6 +92,32 @@ def virtual_all_reduce(x, *, op: str = "sum", algorithm: str = "oneshot_ll", dev
               op=np.int64(algorithms.OP_CODES[op]), skip_rank=np.int64(_skip_rank))
 
 
+def virtual_all_reduce_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None,
+                               config: workspace.WorkspaceConfig | None = None):
+  """The fused all-reduce + residual + RMSNorm kernel on N virtual ranks:
+  ``x`` is ``(N, tokens, hidden)`` (row r is rank r's partial sums), residual
+  ``(tokens, hidden)`` and weight ``(hidden,)`` of x's dtype (float32,
+  bfloat16, float16), numpy arrays. Returns numpy ``(normed, new_residual)``,
+  each ``(N, tokens, hidden)``: every rank's outputs (bitwise equal across
+  ranks). Raises RuntimeError with the recorded error if a rank gave up."""
+  x = np.asarray(x)
+  dtype = np.dtype(x.dtype)
+  if x.ndim != 3:
+    raise ValueError("virtual_all_reduce_rmsnorm needs x of shape (N, tokens, hidden)")
+  n, tokens, hidden = x.shape
+  residual = np.ascontiguousarray(np.asarray(residual, dtype))
+  weight = np.ascontiguousarray(np.asarray(weight, dtype))
+  if residual.shape != (tokens, hidden) or weight.shape != (hidden,):
+    raise ValueError("residual must be (tokens, hidden) and weight (hidden,)")
+  ws = virtual_workspace(n, device=device, config=config)
+  normed, new_residual = ext.virtual_rmsnorm(
+      ws.id, algorithms.DTYPE_CODES[dtype.name], np.ascontiguousarray(x).tobytes(),
+      residual.tobytes(), weight.tobytes(), int(tokens), int(hidden), float(eps))
+  shape = (n, tokens, hidden)
+  return (np.frombuffer(normed, dtype).reshape(shape).copy(),
+          np.frombuffer(new_residual, dtype).reshape(shape).copy())
+
+
 def stress(nranks: int, counts, *, dtype="float32", op: str = "sum",
            algorithm="oneshot_ll", seed: int = 0, max_delay_us: int = 20,
            device=None, config: workspace.WorkspaceConfig | None = None) -> dict:

@@ -372,3 +372,43 @@ def test_independent_calls_stay_ordered(flags):
                        text=True, timeout=300)
   assert out.returncode == 0 and "INDEPENDENT_CALLS OK 4800" in out.stdout, (
       out.stdout[-2000:], out.stderr[-4000:])
+
+
+def _rmsnorm_reference(x, residual, weight, eps):
+  """jaxll.all_reduce_rmsnorm's numerics in numpy: the rank-order float32 sum
+  rounded once, the residual added in float32 and rounded, the norm in
+  float32 (float64 here) rounded, times the weight."""
+  dt = x.dtype
+  s = x[0].astype(np.float32)
+  for r in range(1, x.shape[0]):
+    s = s + x[r].astype(np.float32)
+  new = (s.astype(dt).astype(np.float32) + residual.astype(np.float32)).astype(dt)
+  h = new.astype(np.float64)
+  inv = 1 / np.sqrt(np.mean(h * h, -1, keepdims=True) + eps)
+  normed = ((h * inv).astype(dt).astype(np.float32) * weight.astype(np.float32)).astype(dt)
+  return normed, new
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("tokens,hidden,dtype", [
+    (1, 4096, jnp.bfloat16), (7, 128, np.float32), (3, 5120, np.float32),
+    (64, 16384, jnp.bfloat16), (16, 8192, np.float16), (5, 12, np.float32)])
+@pytest.mark.parametrize("scratch", [None, 2048])
+def test_fused_all_reduce_rmsnorm_on_virtual_ranks(n, tokens, hidden, dtype, scratch):
+  # the fused kernel (ffi/kernels/all_reduce_rmsnorm.cu); 2 KiB scratch cuts
+  # every row but the smallest into several rounds
+  rng = np.random.default_rng(n * tokens + hidden)
+  x = rng.standard_normal((n, tokens, hidden)).astype(dtype)
+  residual = rng.standard_normal((tokens, hidden)).astype(dtype)
+  weight = (1 + 0.1 * rng.standard_normal(hidden)).astype(dtype)
+  cfg = jaxll.WorkspaceConfig(scratch_bytes=scratch) if scratch else None
+  normed, new = jt.virtual_all_reduce_rmsnorm(x, residual, weight, eps=1e-5, config=cfg)
+  want_normed, want_new = _rmsnorm_reference(x, residual, weight, 1e-5)
+  bits = np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
+  for r in range(n):  # every rank: the same bits, new_residual exactly the reference
+    np.testing.assert_array_equal(new[r].view(bits), want_new.view(bits))
+    np.testing.assert_array_equal(normed[r].view(bits), normed[0].view(bits))
+  tol = {2: 1.6e-2 if dtype == jnp.bfloat16 else 2e-3, 4: 2e-6}[np.dtype(dtype).itemsize]
+  np.testing.assert_allclose(normed[0].astype(np.float64), want_normed.astype(np.float64),
+                             rtol=2 * tol, atol=2 * tol)
+  jaxll.check_errors()

@@ -303,6 +303,20 @@ NB_MODULE(_jaxll, m) {
         "One all-reduce per virtual rank, each with its own (algorithm, dtype, op, count, "
         "skip, delay_us); returns each rank's count of poisoned output elements.");
 
+  m.def("virtual_rmsnorm", [](int64_t id, int dtype, nb::bytes x, nb::bytes residual,
+                              nb::bytes weight, int64_t tokens, int64_t hidden, float eps) {
+    Comm& c = get_comm(id);
+    std::string xs(x.c_str(), x.size()), rs(residual.c_str(), residual.size()),
+        ws(weight.c_str(), weight.size());
+    std::pair<std::string, std::string> out;
+    {
+      nb::gil_scoped_release release;
+      out = virtual_rmsnorm(c, static_cast<DType>(dtype), xs, rs, ws, tokens, hidden, eps);
+    }
+    return nb::make_tuple(nb::bytes(out.first.data(), out.first.size()),
+                          nb::bytes(out.second.data(), out.second.size()));
+  }, "id"_a, "dtype"_a, "x"_a, "residual"_a, "weight"_a, "tokens"_a, "hidden"_a, "eps"_a,
+        "The fused all-reduce + residual + RMSNorm on every virtual rank (raw bytes in and out).");
   m.def("virtual_bench", [](int64_t id, int algorithm, int dtype, int op, int64_t count, int iters,
                             int reps) {
     Comm& c = get_comm(id);

@@ -440,6 +440,50 @@ std::vector<int64_t> virtual_calls(Comm& comm, const std::vector<RankCall>& call
   return std::vector<int64_t>(host.begin(), host.end());
 }
 
+std::pair<std::string, std::string> virtual_rmsnorm(Comm& comm, DType dtype, const std::string& x,
+                                                    const std::string& residual,
+                                                    const std::string& weight, int64_t tokens,
+                                                    int64_t hidden, float eps) {
+  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_rmsnorm needs a virtual-rank workspace");
+  const int n = comm.group_size();
+  const size_t row_bytes = static_cast<size_t>(hidden) * dtype_bytes(dtype);
+  const size_t block = row_bytes * static_cast<size_t>(tokens);
+  if (tokens <= 0 || hidden <= 0 || x.size() != block * n || residual.size() != block ||
+      weight.size() != row_bytes) {
+    throw std::runtime_error("virtual_rmsnorm: x must hold (ranks, tokens, hidden), residual "
+                             "(tokens, hidden) and weight (hidden,) elements");
+  }
+  if (const char* problem = rmsnorm_unsupported(dtype, hidden, comm.rank(0, 0).view)) {
+    throw std::runtime_error(std::string("virtual_rmsnorm: unsupported ") + problem);
+  }
+  DeviceGuard guard(comm.rank(0, 0).ordinal);
+  Buffers bufs;
+  char* dx = static_cast<char*>(bufs.alloc(block * n));
+  char* dres = static_cast<char*>(bufs.alloc(block));
+  char* dw = static_cast<char*>(bufs.alloc(row_bytes));
+  char* dnormed = static_cast<char*>(bufs.alloc(block * n));
+  char* dnew = static_cast<char*>(bufs.alloc(block * n));
+  check_cuda(cudaMemcpy(dx, x.data(), x.size(), cudaMemcpyHostToDevice), "copying x");
+  check_cuda(cudaMemcpy(dres, residual.data(), block, cudaMemcpyHostToDevice), "copying residual");
+  check_cuda(cudaMemcpy(dw, weight.data(), row_bytes, cudaMemcpyHostToDevice), "copying weight");
+  check_cuda(cudaMemset(dnormed, 0, block * n), "clearing outputs");
+  check_cuda(cudaMemset(dnew, 0, block * n), "clearing outputs");
+  check_cuda(cudaDeviceSynchronize(), "preparing the calls");
+  for (int r = 0; r < n; ++r) {
+    check_cuda(launch_all_reduce_rmsnorm(dtype, comm.rank(0, r).view, dx + r * block, dres, dw,
+                                         dnormed + r * block, dnew + r * block, tokens, hidden,
+                                         eps, comm.rank(0, r).stream),
+               "launching an all_reduce_rmsnorm");
+  }
+  sync_ranks(comm);
+  const std::string error = first_error(comm);
+  if (!error.empty()) throw std::runtime_error(error);
+  std::pair<std::string, std::string> out{std::string(block * n, '\0'), std::string(block * n, '\0')};
+  check_cuda(cudaMemcpy(out.first.data(), dnormed, block * n, cudaMemcpyDeviceToHost), "reading normed");
+  check_cuda(cudaMemcpy(out.second.data(), dnew, block * n, cudaMemcpyDeviceToHost), "reading new_residual");
+  return out;
+}
+
 std::vector<const void*> testing_kernel_functions() {
   std::vector<const void*> out;
   append_typed_kernels<float>(out);

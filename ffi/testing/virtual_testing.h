@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../kernels/all_reduce.h"
@@ -61,6 +62,15 @@ struct RankCall {
 // each rank the number of its output elements that hold the poison pattern
 // (all-ones bits) and whether its output was left untouched (skipped ranks).
 std::vector<int64_t> virtual_calls(Comm& comm, const std::vector<RankCall>& calls);
+
+// The fused all-reduce + residual + RMSNorm kernel on every virtual rank of
+// `comm`: x holds every rank's (tokens, hidden) block back to back (rank-major),
+// residual and weight are shared; returns (normed, new_residual) of every rank,
+// rank-major, as raw bytes. Throws with the recorded error if a rank gave up.
+std::pair<std::string, std::string> virtual_rmsnorm(Comm& comm, DType dtype, const std::string& x,
+                                                    const std::string& residual,
+                                                    const std::string& weight, int64_t tokens,
+                                                    int64_t hidden, float eps);
 
 // The kernels these tools launch. Comm::Create loads them with the collective
 // kernels: lazily loading a kernel while a collective spins on the device can

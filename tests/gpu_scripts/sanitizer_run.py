@@ -1,5 +1,6 @@
 """A small virtual-rank run for compute-sanitizer (memcheck, racecheck, synccheck,
 initcheck; tests/gpu_scripts/sanitizers.sh runs all four).
+The fused all-reduce + residual + RMSNorm kernel runs too (three shapes per N).
 
   compute-sanitizer --tool racecheck python3 tests/gpu_scripts/sanitizer_run.py [CALLS] [RANKS]
 
@@ -33,6 +34,21 @@ for n in ranks:
                                counts, n, 5)
       print(n, name, dtype, res["mismatches"], res["error"] or "no error", flush=True)
       bad += res["mismatches"] + (1 if res["error"] else 0)
+  # the fused all-reduce + residual + RMSNorm, rows of one and of several rounds
+  for dtype, hidden in (("float32", 12), ("bfloat16", 4096), ("float16", 1000)):
+    item = 4 if dtype == "float32" else 2
+    tokens = 3
+    x = np.random.default_rng(hidden).integers(0, 255, size=n * tokens * hidden * item,
+                                               dtype=np.uint8)
+    x[1::2] = 0x3C  # small finite values in every dtype
+    try:
+      ext.virtual_rmsnorm(comm, algorithms.DTYPE_CODES[dtype], x.tobytes(),
+                          x[:tokens * hidden * item].tobytes(), x[:hidden * item].tobytes(),
+                          tokens, hidden, 1e-6)
+      print(n, "rmsnorm", dtype, hidden, "no error", flush=True)
+    except RuntimeError as e:
+      print(n, "rmsnorm", dtype, hidden, e, flush=True)
+      bad += 1
   ext.free_comm(comm)
   if n == 1:
     continue
