@@ -248,7 +248,9 @@ def _tag(results, site: call_sites.CallSite) -> None:
 # with arguments (a loop body, an outlined function) starts from a barrier over
 # them, so a call of iteration i+1 comes after everything iteration i returned,
 # also in an unrolled or pipelined loop. Not joined: a call-holding op after
-# the last call of its block that has no data dependency on the calls before it.
+# the last call of its block that has no data dependency on the calls before it,
+# and a func.call of a function JAX lowered earlier and reuses (the block is
+# looked at again only when a call was emitted elsewhere since its last call).
 # XLA's GPU compiler removes optimization barriers after scheduling
 # (OptimizationBarrierExpander in its post-scheduling passes): these joins fix
 # the order of the schedule, not of a command buffer built from buffer
@@ -267,6 +269,7 @@ class _Chain:
     self.value = None    # the order value the last call returned (None: none yet)
     self.last_op = None  # the block's last kernel call (or host check) so far
     self.joined = []     # ops of this block already ordered after the chain
+    self.emitted = -1    # the module's count of ordered calls when this chain last looked
 
 
 def _order_state(ctx):
@@ -274,7 +277,9 @@ def _order_state(ctx):
   if cache is None:  # (a JAX without that dict: every call starts its own chain)
     return None
   # targets: the FFI targets emitted with an order buffer (emit_ordered_call)
-  return cache.setdefault(_ORDER_KEY, {"chains": [], "holds": {}, "targets": set()})
+  # emitted: ordered calls emitted so far in the module
+  return cache.setdefault(_ORDER_KEY, {"chains": [], "holds": {}, "targets": set(),
+                                       "emitted": 0})
 
 
 def _zero_order():
@@ -408,7 +413,11 @@ def _order_in(ctx) -> tuple[ir.Value, _Chain | None]:
   if state is None:
     return _zero_order(), None
   chain = _chain_of(ctx, state, ir.InsertionPoint.current.block)
-  _catch_up(ctx, state, chain)
+  if chain.emitted != state["emitted"]:
+    # a call was lowered elsewhere since this chain's last one: its block may
+    # now hold an op with calls (a scan costs a walk over the block, so it is
+    # skipped for consecutive calls of one block)
+    _catch_up(ctx, state, chain)
   if chain.value is None:
     chain.value = _zero_order()
   return chain.value, chain
@@ -500,6 +509,10 @@ def emit_ordered_call(ctx, target: str, operands, *, workspace: int, **attribute
   if chain is not None:
     chain.value = order_out
     chain.last_op = order_out.owner
+  if state is not None:
+    state["emitted"] += 1
+    if chain is not None:
+      chain.emitted = state["emitted"]
   return results
 
 
