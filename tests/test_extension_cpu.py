@@ -20,7 +20,7 @@ NVCC = shutil.which("nvcc")
 def test_headers_and_cmake_config_are_installed():
   inc = jaxll.get_include()
   for name in ("jaxll.cuh", "extension.h", "rank_view.h", "rank_view.cuh", "ll_packet.cuh",
-               "spin_wait.cuh", "workspace_layout.h"):
+               "spin_wait.cuh", "workspace_layout.h", "channel.cuh", "units.cuh", "protocol.h"):
     assert os.path.isfile(os.path.join(inc, "jaxll", name)), name
   assert os.path.isfile(os.path.join(jaxll.get_cmake_dir(), "jaxllConfig.cmake"))
 
@@ -36,6 +36,11 @@ def test_device_api_compiles_from_the_installed_headers_alone(tmp_path):
       "  const jaxll::WaitContext ctx = jaxll::wait_context(v, bs.epoch);\n"
       "  uint64_t x;\n"
       "  jaxll::ll16_wait(jaxll::ll_region(v, v.rank, 0, blockIdx.x, 0, 0), 1u, ctx, 0u, &x);\n"
+      "  jaxll::Channel<jaxll::Proto::kSentinel, float> ch(v, 0, blockIdx.x, 0, bs.epoch);\n"
+      "  jaxll::Unit<16> u{}, r;\n"
+      "  jaxll::send_to_peers<0>(ch, v.nranks, threadIdx.x, u);\n"
+      "  jaxll::reduce_slot<0, jaxll::Proto::kSentinel, float, jaxll::SumOp, 16>(\n"
+      "      ch, v.nranks, threadIdx.x, u, &r);\n"
       "}\n")
   r = subprocess.run([NVCC, "-std=c++17", "-arch=sm_90", "-c", str(src), "-o",
                       str(tmp_path / "use.o"), "-I", jaxll.get_include()],

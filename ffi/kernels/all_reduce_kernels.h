@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "all_reduce.h"
+#include "jaxll/protocol.h"
 
 namespace jaxll {
 
 enum class Family { kOneShot, kTwoShot, kTwoShotAtomic };
-enum class Proto { kLL, kSentinel, kBarrier };
 
 // Group sizes with kernels compiled for exactly that many ranks (their loops
 // over peers unroll); every other size uses the NR = 0 instance (any n). One

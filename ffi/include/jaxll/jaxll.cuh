@@ -12,8 +12,13 @@
 //   flag_barrier.cuh    an explicit cross-rank flag barrier (for baselines)
 //   launch_order.cuh    programmatic dependent launch: wait for / release the next kernel
 //   elements.cuh        element types, reduction operators, packet I/O
+//   protocol.h          the protocols (LL16, sentinel, plain)
+//   units.cuh           transfer units: load, store, poison, rank-order reduction
+//   channel.cuh         channels: send, broadcast, receive, receive-and-reduce,
+//                       release, over a round's scratch
 #pragma once
 
+#include "jaxll/channel.cuh"
 #include "jaxll/elements.cuh"
 #include "jaxll/error_word.h"
 #include "jaxll/flag_barrier.cuh"
@@ -21,8 +26,10 @@
 #include "jaxll/ll128_atomic.cuh"
 #include "jaxll/ll_packet.cuh"
 #include "jaxll/memory_ops.cuh"
+#include "jaxll/protocol.h"
 #include "jaxll/rank_view.cuh"
 #include "jaxll/rank_view.h"
 #include "jaxll/sentinel.cuh"
 #include "jaxll/spin_wait.cuh"
+#include "jaxll/units.cuh"
 #include "jaxll/workspace_layout.h"
