@@ -15,7 +15,7 @@ int fail(int status, const std::string& message, char* error, size_t error_len) 
 }
 
 int get_rank_view(int64_t workspace, int ordinal, RankView* view, char* error, size_t error_len) {
-  Comm* c = comm_lookup(workspace);
+  Workspace* c = workspace_lookup(workspace);
   if (c == nullptr) {
     return fail(kExtensionNoWorkspace,
                 "jaxll: workspace " + std::to_string(workspace) +

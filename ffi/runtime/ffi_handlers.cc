@@ -66,7 +66,7 @@ ffi::Error use_device(int ordinal) {
   return ffi::Error::Success();
 }
 
-ffi::Error launch_error(cudaError_t e, const Comm& c, const std::string& what) {
+ffi::Error launch_error(cudaError_t e, const Workspace& c, const std::string& what) {
   if (e == cudaErrorInvalidValue) {
     return ffi::Error::InvalidArgument(
         "jaxll: workspace " + std::to_string(c.id()) + " has no kernel for " + what +
@@ -78,8 +78,8 @@ ffi::Error launch_error(cudaError_t e, const Comm& c, const std::string& what) {
 
 // The rank of workspace `comm_id` on device `ordinal`, ready for a call: it
 // exists, the device is a member, and no kernel recorded an error there.
-ffi::Error find_rank(int64_t comm_id, int32_t ordinal, Comm** comm, Rank** rank) {
-  Comm* c = comm_lookup(comm_id);
+ffi::Error find_rank(int64_t comm_id, int32_t ordinal, Workspace** comm, Rank** rank) {
+  Workspace* c = workspace_lookup(comm_id);
   if (c == nullptr) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jaxll: workspace " + std::to_string(comm_id) +
@@ -108,7 +108,7 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer
                             ffi::AnyBuffer /*order*/, ffi::Result<ffi::AnyBuffer> y,
                             ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t comm_id,
                             int64_t algorithm, int64_t op) {
-  Comm* c = nullptr;
+  Workspace* c = nullptr;
   Rank* r = nullptr;
   if (ffi::Error e = find_rank(comm_id, ordinal, &c, &r); e.failure()) return e;
   if (ffi::Error e = check_call(algorithm, op); e.failure()) return e;
@@ -130,7 +130,7 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer
 ffi::Error VirtualAllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
                                    ffi::Result<ffi::AnyBuffer> y, int64_t comm_id,
                                    int64_t algorithm, int64_t op, int64_t skip_rank) {
-  Comm* c = comm_lookup(comm_id);
+  Workspace* c = workspace_lookup(comm_id);
   if (c == nullptr || !c->virtual_ranks()) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jaxll: virtual-rank workspace " + std::to_string(comm_id) +
@@ -187,7 +187,7 @@ ffi::Error VirtualAllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::An
 // `order_out` is the first link of the program's order chain; never written.
 ffi::Error CheckExecute(ffi::Result<ffi::AnyBuffer> /*order_out*/, ffi::Span<const int64_t> comms) {
   for (int64_t id : comms) {
-    Comm* c = comm_lookup(id);
+    Workspace* c = workspace_lookup(id);
     if (c == nullptr) {
       return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                         "jaxll: workspace " + std::to_string(id) +
@@ -222,7 +222,7 @@ ffi::Error RmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x
                           ffi::Result<ffi::AnyBuffer> normed,
                           ffi::Result<ffi::AnyBuffer> new_residual,
                           ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t comm_id, float eps) {
-  Comm* c = nullptr;
+  Workspace* c = nullptr;
   Rank* r = nullptr;
   if (ffi::Error e = find_rank(comm_id, ordinal, &c, &r); e.failure()) return e;
   DType dtype;

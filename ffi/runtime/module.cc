@@ -32,8 +32,8 @@ using namespace nb::literals;
 namespace jaxll {
 namespace {
 
-Comm& get_comm(int64_t id) {
-  Comm* c = comm_lookup(id);
+Workspace& get_comm(int64_t id) {
+  Workspace* c = workspace_lookup(id);
   if (c == nullptr) throw std::runtime_error("jaxll workspace " + std::to_string(id) + " does not exist");
   return *c;
 }
@@ -97,7 +97,7 @@ NB_MODULE(_jaxll, m) {
     cfg.scratch_bytes = scratch_bytes;
     cfg.timeout_ms = timeout_ms;
     nb::gil_scoped_release release;
-    return comm_create(groups, virtual_ranks, cfg, max_blocks);
+    return workspace_create(groups, virtual_ranks, cfg, max_blocks);
   }, "groups"_a, "virtual_ranks"_a, "scratch_bytes"_a, "timeout_ms"_a, "max_blocks"_a = 0,
         "Builds a workspace over groups of CUDA ordinals (-1: a rank in another process, "
         "then max_blocks must be the bound every process agreed on); returns its id.");
@@ -112,7 +112,7 @@ NB_MODULE(_jaxll, m) {
       hs.emplace_back();
       for (const auto& h : g) hs.back().emplace_back(h.c_str(), h.size());
     }
-    Comm& c = get_comm(id);
+    Workspace& c = get_comm(id);
     nb::gil_scoped_release release;
     c.connect(hs);
   }, "id"_a, "handles"_a, "Maps the other processes' memory (handles[g][r], b'' for local ranks).");
@@ -132,7 +132,7 @@ NB_MODULE(_jaxll, m) {
   m.def("device_uuid", &device_uuid, "ordinal"_a);
 
   m.def("comm_info", [](int64_t id) {
-    Comm& c = get_comm(id);
+    Workspace& c = get_comm(id);
     nb::dict d;
     d["id"] = c.id();
     d["virtual_ranks"] = c.virtual_ranks();
@@ -156,7 +156,7 @@ NB_MODULE(_jaxll, m) {
   }, "id"_a);
 
   m.def("comm_errors", [](int64_t id) {
-    Comm& c = get_comm(id);
+    Workspace& c = get_comm(id);
     nb::list out;
     for (int g = 0; g < c.group_count(); ++g) {
       for (int r = 0; r < c.group_size(); ++r) {
@@ -168,21 +168,21 @@ NB_MODULE(_jaxll, m) {
       }
     }
     return out;
-  }, "id"_a, "Errors recorded by the comm's kernels: (group, rank, ordinal, word, message).");
+  }, "id"_a, "Errors recorded by the workspace's kernels: (group, rank, ordinal, word, message).");
 
   m.def("comm_reset", [](int64_t id) {
-    Comm& c = get_comm(id);
+    Workspace& c = get_comm(id);
     nb::gil_scoped_release release;
     c.reset();
   }, "id"_a,
-        "Waits for the comm's local devices to go idle, then puts its local ranks back in "
+        "Waits for the workspace's local devices to go idle, then puts its local ranks back in "
         "the state of a new workspace (every rank of every group must be reset before any "
         "runs a call again).");
   m.def("comm_quiesce", [](int64_t id) {
-    Comm& c = get_comm(id);
+    Workspace& c = get_comm(id);
     nb::gil_scoped_release release;
     c.quiesce();
-  }, "id"_a, "Waits for the comm's local devices to go idle.");
+  }, "id"_a, "Waits for the workspace's local devices to go idle.");
   m.def("trap_on_error", &trap_on_error, "JAXLL_ON_ERROR is 'trap' (raises on bad values).");
   m.def("describe_signature", &describe_signature, "signature"_a);
   m.def("call_signature", [](int algorithm, int dtype, int op, int64_t count) {
@@ -191,7 +191,7 @@ NB_MODULE(_jaxll, m) {
   }, "algorithm"_a, "dtype"_a, "op"_a, "count"_a);
 
   m.def("set_epochs", [](int64_t id, uint64_t epoch) {
-    Comm& c = get_comm(id);
+    Workspace& c = get_comm(id);
     nb::gil_scoped_release release;
     c.set_epochs(epoch);
   }, "id"_a, "epoch"_a,
@@ -199,13 +199,13 @@ NB_MODULE(_jaxll, m) {
 
   m.def("free_comm", [](int64_t id) {
     nb::gil_scoped_release release;
-    return comm_free(id);
+    return workspace_free(id);
   }, "id"_a);
   m.def("free_all", [] {
     nb::gil_scoped_release release;
-    comm_free_all();
+    workspace_free_all();
   });
-  m.def("comm_ids", &comm_ids);
+  m.def("workspace_ids", &workspace_ids);
 
   m.def("decode_error", [](uint64_t word) {
     const DecodedError d = decode_error(word);
@@ -262,7 +262,7 @@ NB_MODULE(_jaxll, m) {
 
   m.def("virtual_stress", [](int64_t id, const std::vector<int>& algorithms, int dtype, int op,
                              const std::vector<int64_t>& counts, uint64_t seed, int max_delay_us) {
-    Comm& c = get_comm(id);
+    Workspace& c = get_comm(id);
     std::vector<Algorithm> algs;
     for (int a : algorithms) algs.push_back(static_cast<Algorithm>(a));
     StressResult r;
@@ -285,7 +285,7 @@ NB_MODULE(_jaxll, m) {
   }, "id"_a, "algorithms"_a, "dtype"_a, "op"_a, "counts"_a, "seed"_a, "max_delay_us"_a);
 
   m.def("virtual_calls", [](int64_t id, const std::vector<std::tuple<int, int, int, int64_t, bool, int64_t>>& spec) {
-    Comm& c = get_comm(id);
+    Workspace& c = get_comm(id);
     std::vector<RankCall> calls;
     for (const auto& [algorithm, dtype, op, count, skip, delay_us] : spec) {
       RankCall rc;
@@ -305,7 +305,7 @@ NB_MODULE(_jaxll, m) {
 
   m.def("virtual_rmsnorm", [](int64_t id, int dtype, nb::bytes x, nb::bytes residual,
                               nb::bytes weight, int64_t tokens, int64_t hidden, float eps) {
-    Comm& c = get_comm(id);
+    Workspace& c = get_comm(id);
     std::string xs(x.c_str(), x.size()), rs(residual.c_str(), residual.size()),
         ws(weight.c_str(), weight.size());
     std::pair<std::string, std::string> out;
@@ -319,7 +319,7 @@ NB_MODULE(_jaxll, m) {
         "The fused all-reduce + residual + RMSNorm on every virtual rank (raw bytes in and out).");
   m.def("virtual_bench", [](int64_t id, int algorithm, int dtype, int op, int64_t count, int iters,
                             int reps) {
-    Comm& c = get_comm(id);
+    Workspace& c = get_comm(id);
     nb::gil_scoped_release release;
     return virtual_bench(c, static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
                          static_cast<ReduceOp>(op), count, iters, reps);
@@ -337,7 +337,7 @@ NB_MODULE(_jaxll, m) {
         "One-way latency of a flag ping-pong between a block on each device (may be equal).");
 
   m.def("virtual_floor", [](int64_t id, int iters, int reps) {
-    Comm& c = get_comm(id);
+    Workspace& c = get_comm(id);
     nb::gil_scoped_release release;
     return virtual_floor(c, iters, reps);
   }, "id"_a, "iters"_a, "reps"_a);

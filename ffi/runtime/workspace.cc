@@ -171,7 +171,7 @@ std::string device_uuid(int ordinal) {
   return out;
 }
 
-std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& groups,
+std::unique_ptr<Workspace> Workspace::Create(int id, const std::vector<std::vector<int>>& groups,
                                    bool virtual_ranks, const WorkspaceConfig& config,
                                    int max_blocks_agreed) {
   if (groups.empty()) throw std::runtime_error("a workspace needs at least one group");
@@ -221,7 +221,7 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
   }
 
   DeviceGuard guard;
-  std::unique_ptr<Comm> c(new Comm());
+  std::unique_ptr<Workspace> c(new Workspace());
   c->id_ = id;
   c->virtual_ranks_ = virtual_ranks;
   c->config_ = config;
@@ -328,7 +328,7 @@ std::unique_ptr<Comm> Comm::Create(int id, const std::vector<std::vector<int>>& 
   return c;
 }
 
-void Comm::clear_rank(Rank& r, cudaStream_t s) const {
+void Workspace::clear_rank(Rank& r, cudaStream_t s) const {
   // Everything starts zero (header epochs and error word, flags, LL16 slots,
   // atomic lines) except the sentinel scratch, which starts poisoned, and the
   // signature slots, which start idle.
@@ -349,7 +349,7 @@ void Comm::clear_rank(Rank& r, cudaStream_t s) const {
   }
 }
 
-void Comm::quiesce() const {
+void Workspace::quiesce() const {
   DeviceGuard guard;
   for (auto& g : groups_) {
     for (auto& r : g) {
@@ -361,7 +361,7 @@ void Comm::quiesce() const {
   }
 }
 
-void Comm::reset() {
+void Workspace::reset() {
   quiesce();
   DeviceGuard guard;
   for (auto& g : groups_) {
@@ -381,7 +381,7 @@ void Comm::reset() {
   }
 }
 
-std::vector<std::string> Comm::ipc_handles() const {
+std::vector<std::string> Workspace::ipc_handles() const {
   std::vector<std::string> out;
   DeviceGuard guard;
   for (const auto& g : groups_) {
@@ -396,7 +396,7 @@ std::vector<std::string> Comm::ipc_handles() const {
   return out;
 }
 
-void Comm::connect(const std::vector<std::vector<std::string>>& handles) {
+void Workspace::connect(const std::vector<std::vector<std::string>>& handles) {
   if (connected_) throw std::runtime_error("workspace already connected");
   DeviceGuard guard;
   const size_t n = static_cast<size_t>(group_size());
@@ -450,7 +450,7 @@ void Comm::connect(const std::vector<std::vector<std::string>>& handles) {
   connected_ = true;
 }
 
-Rank* Comm::rank_for_ordinal(int ordinal) const {
+Rank* Workspace::rank_for_ordinal(int ordinal) const {
   if (virtual_ranks_) return nullptr;
   for (const auto& g : groups_) {
     for (const auto& r : g) {
@@ -460,7 +460,7 @@ Rank* Comm::rank_for_ordinal(int ordinal) const {
   return nullptr;
 }
 
-void Comm::set_epochs(uint64_t epoch) {
+void Workspace::set_epochs(uint64_t epoch) {
   DeviceGuard guard;
   WorkspaceHeader h{};
   for (int b = 0; b < kMaxBlocks; ++b) h.epochs[b] = epoch;
@@ -487,11 +487,11 @@ void Comm::set_epochs(uint64_t epoch) {
   }
 }
 
-uint64_t Comm::error_word(const Rank& r) const {
+uint64_t Workspace::error_word(const Rank& r) const {
   return r.host_error ? *reinterpret_cast<volatile unsigned long long*>(r.host_error) : 0;
 }
 
-std::string Comm::describe_error(const Rank& r, uint64_t word) const {
+std::string Workspace::describe_error(const Rank& r, uint64_t word) const {
   const DecodedError d = decode_error(word);
   std::string msg = "jaxll: workspace " + std::to_string(id_) + ", " + where(r) + ": ";
   const volatile unsigned long long* rec = r.host_error;
@@ -522,7 +522,7 @@ std::string Comm::describe_error(const Rank& r, uint64_t word) const {
   return msg;
 }
 
-void Comm::release() {
+void Workspace::release() {
   DeviceGuard guard;
   for (auto& g : groups_) {
     for (auto& r : g) {
@@ -564,47 +564,47 @@ void Comm::release() {
   cudaGetLastError();
 }
 
-Comm::~Comm() { release(); }
+Workspace::~Workspace() { release(); }
 
 // ---------------------------------------------------------------------------
 // Registry
 
 namespace {
 constexpr int kMaxComms = 4096;
-std::atomic<Comm*> g_comms[kMaxComms];
+std::atomic<Workspace*> g_comms[kMaxComms];
 std::mutex g_mu;
 int g_next_id = 1;
 }  // namespace
 
-int comm_create(const std::vector<std::vector<int>>& groups, bool virtual_ranks,
+int workspace_create(const std::vector<std::vector<int>>& groups, bool virtual_ranks,
                 const WorkspaceConfig& config, int max_blocks_agreed) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_next_id >= kMaxComms) throw std::runtime_error("too many jaxll workspaces created");
   const int id = g_next_id;
-  std::unique_ptr<Comm> c = Comm::Create(id, groups, virtual_ranks, config, max_blocks_agreed);
+  std::unique_ptr<Workspace> c = Workspace::Create(id, groups, virtual_ranks, config, max_blocks_agreed);
   ++g_next_id;
   g_comms[id].store(c.release(), std::memory_order_release);
   return id;
 }
 
-Comm* comm_lookup(int64_t id) {
+Workspace* workspace_lookup(int64_t id) {
   if (id <= 0 || id >= kMaxComms) return nullptr;
   return g_comms[id].load(std::memory_order_acquire);
 }
 
-bool comm_free(int64_t id) {
+bool workspace_free(int64_t id) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (id <= 0 || id >= kMaxComms) return false;
-  Comm* c = g_comms[id].exchange(nullptr, std::memory_order_acq_rel);
+  Workspace* c = g_comms[id].exchange(nullptr, std::memory_order_acq_rel);
   delete c;
   return c != nullptr;
 }
 
-void comm_free_all() {
-  for (int id : comm_ids()) comm_free(id);
+void workspace_free_all() {
+  for (int id : workspace_ids()) workspace_free(id);
 }
 
-std::vector<int> comm_ids() {
+std::vector<int> workspace_ids() {
   std::vector<int> ids;
   std::lock_guard<std::mutex> lock(g_mu);
   for (int i = 1; i < g_next_id; ++i) {

@@ -1,9 +1,11 @@
-// Symmetric workspaces ("comms") and the process-wide registry that owns them.
+// Symmetric workspaces (jaxll.Workspace in Python) and the process-wide registry
+// that owns them. (The private bindings in module.cc still say "comm": comm_info,
+// create_comm, ...; the ids are the same.)
 //
-// A Comm serves one set of device groups that reduce together (for a mesh axis,
+// A Workspace serves one set of device groups that reduce together (for a mesh axis,
 // every group of that axis that has a device in this process). Each member device
 // is one rank of its group and owns one allocation laid out as in
-// jaxll/workspace_layout.h. Comms are built from Python at lowering time, never
+// jaxll/workspace_layout.h. Workspaces are built from Python at lowering time, never
 // inside an XLA Execute, and live until freed explicitly or at exit.
 #pragma once
 
@@ -36,7 +38,7 @@ struct Rank {
   cudaEvent_t done = nullptr;               // virtual ranks: joins the rank back
 };
 
-class Comm {
+class Workspace {
  public:
   // Builds the workspace: allocates and clears the memory of every rank in this
   // process, makes local peers reachable, loads every kernel on every local
@@ -47,7 +49,7 @@ class Comm {
   // Without remote ranks the workspace is ready; with them, `max_blocks_agreed`
   // (the grid bound every process agreed on) is required, and the workspace is
   // ready once connect() has mapped the other processes' memory.
-  static std::unique_ptr<Comm> Create(int id, const std::vector<std::vector<int>>& groups,
+  static std::unique_ptr<Workspace> Create(int id, const std::vector<std::vector<int>>& groups,
                                       bool virtual_ranks, const WorkspaceConfig& config,
                                       int max_blocks_agreed = 0);
   // CUDA IPC handles (64 bytes each) of the local ranks' memory, in (group, rank) order.
@@ -57,9 +59,9 @@ class Comm {
   void connect(const std::vector<std::vector<std::string>>& handles);
   bool connected() const { return connected_; }
   bool has_rank(int group, int r) const { return groups_[group][r] != nullptr; }
-  ~Comm();
-  Comm(const Comm&) = delete;
-  Comm& operator=(const Comm&) = delete;
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
 
   int id() const { return id_; }
   bool virtual_ranks() const { return virtual_ranks_; }
@@ -77,7 +79,7 @@ class Comm {
   size_t bytes_per_rank() const { return geo_.total_bytes; }
   cudaEvent_t fork_event() const { return fork_; }
 
-  // Testing hook: waits for the comm's devices to go idle, then sets every
+  // Testing hook: waits for the workspace's devices to go idle, then sets every
   // block's epoch of every rank to `epoch`, as if that many rounds had run (every
   // LL16 slot carrying that epoch's flag). Lets tests cross the 32-bit flag wrap
   // and the LL16 refresh (every 2^30 epochs) without 2^30 calls.
@@ -97,11 +99,11 @@ class Comm {
   // workspaces spanning processes, jaxll/workspace.py brackets this with
   // barriers through the distributed key-value store).
   void reset();
-  // Waits for this process's ranks of the comm to go idle (the first half of reset()).
+  // Waits for this process's ranks of the workspace to go idle (the first half of reset()).
   void quiesce() const;
 
  private:
-  Comm() = default;
+  Workspace() = default;
   void release();
   // Writes the state of a new workspace into rank `r`'s memory (stream-ordered
   // on `s`) and clears its error record.
@@ -132,13 +134,13 @@ std::string device_uuid(int ordinal);
 
 // The registry. Lookups are lock-free (safe from XLA's execution threads);
 // create and free take a lock. Ids are never reused within a process.
-int comm_create(const std::vector<std::vector<int>>& groups, bool virtual_ranks,
+int workspace_create(const std::vector<std::vector<int>>& groups, bool virtual_ranks,
                 const WorkspaceConfig& config, int max_blocks_agreed = 0);
-Comm* comm_lookup(int64_t id);
-// Waits for the comm's devices to go idle, then frees it. False if unknown.
-bool comm_free(int64_t id);
-void comm_free_all();
-std::vector<int> comm_ids();
+Workspace* workspace_lookup(int64_t id);
+// Waits for the workspace's devices to go idle, then frees it. False if unknown.
+bool workspace_free(int64_t id);
+void workspace_free_all();
+std::vector<int> workspace_ids();
 
 // JAXLL_ON_ERROR: "poison" (default) or "trap" (see spin_wait.cuh); throws on
 // any other value.

@@ -196,7 +196,7 @@ class Buffers {
   std::vector<void*> ptrs_;
 };
 
-std::string first_error(Comm& comm) {
+std::string first_error(Workspace& comm) {
   for (int i = 0; i < comm.group_size(); ++i) {
     Rank& r = comm.rank(0, i);
     if (uint64_t w = comm.error_word(r)) return comm.describe_error(r, w);
@@ -204,7 +204,7 @@ std::string first_error(Comm& comm) {
   return "";
 }
 
-void sync_ranks(Comm& comm) {
+void sync_ranks(Workspace& comm) {
   for (int i = 0; i < comm.group_size(); ++i)
     check_cuda(cudaStreamSynchronize(comm.rank(0, i).stream), "waiting for a virtual rank");
 }
@@ -217,7 +217,7 @@ float accumulation_eps() {
 }
 
 template <class T, class Op>
-StressResult stress_typed(Comm& comm, const std::vector<Algorithm>& algorithms, DType dtype,
+StressResult stress_typed(Workspace& comm, const std::vector<Algorithm>& algorithms, DType dtype,
                           ReduceOp op, const std::vector<int64_t>& counts, uint64_t seed,
                           int max_delay_us) {
   const int n = comm.group_size();
@@ -306,7 +306,7 @@ StressResult stress_typed(Comm& comm, const std::vector<Algorithm>& algorithms, 
 }
 
 template <class T>
-StressResult stress_op(Comm& comm, const std::vector<Algorithm>& a, DType d, ReduceOp op,
+StressResult stress_op(Workspace& comm, const std::vector<Algorithm>& a, DType d, ReduceOp op,
                        const std::vector<int64_t>& counts, uint64_t seed, int delay) {
   switch (op) {
     case ReduceOp::kSum: return stress_typed<T, SumOp>(comm, a, d, op, counts, seed, delay);
@@ -319,7 +319,7 @@ StressResult stress_op(Comm& comm, const std::vector<Algorithm>& a, DType d, Red
 // Captures `iters` rounds of `enqueue(rank, stream)` on every rank's stream into
 // one graph, replays it `reps` times and returns microseconds per round.
 template <class Enqueue>
-std::vector<double> time_graph(Comm& comm, int iters, int reps, Enqueue&& enqueue) {
+std::vector<double> time_graph(Workspace& comm, int iters, int reps, Enqueue&& enqueue) {
   const int n = comm.group_size();
   cudaStream_t origin;
   check_cuda(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), "creating a stream");
@@ -391,7 +391,7 @@ void append_typed_kernels(std::vector<const void*>& out) {
 
 }  // namespace
 
-std::vector<int64_t> virtual_calls(Comm& comm, const std::vector<RankCall>& calls) {
+std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>& calls) {
   if (!comm.virtual_ranks()) throw std::runtime_error("virtual_calls needs a virtual-rank workspace");
   const int n = comm.group_size();
   if (static_cast<int>(calls.size()) != n) {
@@ -440,7 +440,7 @@ std::vector<int64_t> virtual_calls(Comm& comm, const std::vector<RankCall>& call
   return std::vector<int64_t>(host.begin(), host.end());
 }
 
-std::pair<std::string, std::string> virtual_rmsnorm(Comm& comm, DType dtype, const std::string& x,
+std::pair<std::string, std::string> virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x,
                                                     const std::string& residual,
                                                     const std::string& weight, int64_t tokens,
                                                     int64_t hidden, float eps) {
@@ -495,7 +495,7 @@ std::vector<const void*> testing_kernel_functions() {
   return out;
 }
 
-StressResult virtual_stress(Comm& comm, const std::vector<Algorithm>& algorithm, DType dtype,
+StressResult virtual_stress(Workspace& comm, const std::vector<Algorithm>& algorithm, DType dtype,
                             ReduceOp op, const std::vector<int64_t>& counts, uint64_t seed,
                             int max_delay_us) {
   if (!comm.virtual_ranks()) throw std::runtime_error("virtual_stress needs a virtual-rank workspace");
@@ -517,7 +517,7 @@ StressResult virtual_stress(Comm& comm, const std::vector<Algorithm>& algorithm,
   throw std::runtime_error("unknown dtype");
 }
 
-std::vector<double> virtual_bench(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp op,
+std::vector<double> virtual_bench(Workspace& comm, Algorithm algorithm, DType dtype, ReduceOp op,
                                   int64_t count, int iters, int reps) {
   if (!comm.virtual_ranks()) throw std::runtime_error("virtual_bench needs a virtual-rank workspace");
   if (count <= 0 || iters <= 0 || reps <= 0) throw std::runtime_error("count, iters and reps must be positive");
@@ -538,7 +538,7 @@ std::vector<double> virtual_bench(Comm& comm, Algorithm algorithm, DType dtype, 
   });
 }
 
-std::vector<double> virtual_floor(Comm& comm, int iters, int reps) {
+std::vector<double> virtual_floor(Workspace& comm, int iters, int reps) {
   if (!comm.virtual_ranks()) throw std::runtime_error("virtual_floor needs a virtual-rank workspace");
   DeviceGuard guard(comm.rank(0, 0).ordinal);
   return time_graph(comm, iters, reps, [&](int, cudaStream_t s) { return launch_empty(s); });

@@ -33,18 +33,18 @@ struct StressResult {
 // checked on the device: bit for bit against the same reduction computed in
 // rank order, or, for LL128-atomic (not reproducible), against the float64 sum
 // within n * eps * sum|x| and bitwise equal across ranks.
-StressResult virtual_stress(Comm& comm, const std::vector<Algorithm>& algorithms, DType dtype,
+StressResult virtual_stress(Workspace& comm, const std::vector<Algorithm>& algorithms, DType dtype,
                             ReduceOp op, const std::vector<int64_t>& counts, uint64_t seed,
                             int max_delay_us);
 
 // Kernel time of one all-reduce, in microseconds, once per repetition: a CUDA
 // graph holds `iters` consecutive calls on every rank's stream (no joins between
 // calls) and is replayed `reps` times under CUDA events.
-std::vector<double> virtual_bench(Comm& comm, Algorithm algorithm, DType dtype, ReduceOp op,
+std::vector<double> virtual_bench(Workspace& comm, Algorithm algorithm, DType dtype, ReduceOp op,
                                   int64_t count, int iters, int reps);
 
 // The same graph with an empty kernel per rank and call: the graph-node floor.
-std::vector<double> virtual_floor(Comm& comm, int iters, int reps);
+std::vector<double> virtual_floor(Workspace& comm, int iters, int reps);
 
 // One rank's part in virtual_calls.
 struct RankCall {
@@ -61,18 +61,18 @@ struct RankCall {
 // 0x11 bytes, outputs zeroed before. Waits for every rank, then returns for
 // each rank the number of its output elements that hold the poison pattern
 // (all-ones bits) and whether its output was left untouched (skipped ranks).
-std::vector<int64_t> virtual_calls(Comm& comm, const std::vector<RankCall>& calls);
+std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>& calls);
 
 // The fused all-reduce + residual + RMSNorm kernel on every virtual rank of
 // `comm`: x holds every rank's (tokens, hidden) block back to back (rank-major),
 // residual and weight are shared; returns (normed, new_residual) of every rank,
 // rank-major, as raw bytes. Throws with the recorded error if a rank gave up.
-std::pair<std::string, std::string> virtual_rmsnorm(Comm& comm, DType dtype, const std::string& x,
+std::pair<std::string, std::string> virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x,
                                                     const std::string& residual,
                                                     const std::string& weight, int64_t tokens,
                                                     int64_t hidden, float eps);
 
-// The kernels these tools launch. Comm::Create loads them with the collective
+// The kernels these tools launch. Workspace::Create loads them with the collective
 // kernels: lazily loading a kernel while a collective spins on the device can
 // stall until the collective's deadline.
 std::vector<const void*> testing_kernel_functions();
