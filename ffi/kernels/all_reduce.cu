@@ -174,18 +174,27 @@ cudaError_t launch_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op, con
       plan_all_reduce(algorithm, count, dtype_bytes(dtype), view.nranks, view.geo, view.max_blocks,
                       view.signatures != 0);
   if (plan.blocks == 0) return cudaErrorInvalidValue;
+  const bool pdl = launches_early(view, plan.blocks);
+  AllReduceArgs args{view, in, out, count, plan.units, plan.span, plan.round_units,
+                     static_cast<uint32_t>(plan.rounds), static_cast<uint32_t>(plan.last_rounds),
+                     pdl ? 1 : 0, call_signature(algorithm, dtype, op, count)};
+  return launch_collective(fn, plan.blocks, plan.threads, pdl, &args, stream);
+}
+
+bool launches_early(const RankView& view, int64_t blocks) {
   // With programmatic dependent launch a kernel may be scheduled while the one
   // ahead of it on the stream still runs, so two of this rank's grids can be
   // resident at once. That is safe where both fit beside every other rank's
   // grid: only grids of at most half the co-residency bound take part (they
   // launch early, and they let their successor launch early).
-  const bool pdl = view.pdl && 2 * plan.blocks <= view.max_blocks;
-  AllReduceArgs args{view, in, out, count, plan.units, plan.span, plan.round_units,
-                     static_cast<uint32_t>(plan.rounds), static_cast<uint32_t>(plan.last_rounds),
-                     pdl ? 1 : 0, call_signature(algorithm, dtype, op, count)};
+  return view.pdl && 2 * blocks <= view.max_blocks;
+}
+
+cudaError_t launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, void* args,
+                              cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(plan.blocks);
-  config.blockDim = dim3(plan.threads);
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(threads);
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   if (pdl) {
@@ -194,7 +203,7 @@ cudaError_t launch_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op, con
     config.attrs = attribute;
     config.numAttrs = 1;
   }
-  void* params[] = {&args};
+  void* params[] = {args};
   return cudaLaunchKernelExC(&config, fn, params);
 }
 

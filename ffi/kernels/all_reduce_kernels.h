@@ -145,4 +145,12 @@ void register_family(KernelTable& t, Family f) {
   one(Barrier{}, TypeTag<int32_t>{}, TypeTag<SumOp>{});
 }
 
+// Whether a grid of `blocks` blocks on `view`'s workspace launches with
+// programmatic dependent launch (all_reduce.cu says when that is safe).
+bool launches_early(const RankView& view, int64_t blocks);
+// Launches collective kernel `fn` with its one argument struct `args`, as a
+// programmatic dependent launch when `pdl`.
+cudaError_t launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, void* args,
+                              cudaStream_t stream);
+
 }  // namespace jaxll

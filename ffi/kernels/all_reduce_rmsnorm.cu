@@ -207,21 +207,9 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
   const int64_t work = std::min<int64_t>(a.chunk_units, kBlockThreads);
   const int64_t sig_warp = view.nranks > 1 && view.signatures ? 32 : 0;
   const int threads = static_cast<int>(std::min<int64_t>(kBlockThreads, ((work + 31) / 32) * 32 + sig_warp));
-  const bool pdl = view.pdl && 2 * blocks <= view.max_blocks;
+  const bool pdl = launches_early(view, blocks);
   a.base.trigger = pdl ? 1 : 0;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(threads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  if (pdl) {
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-  }
-  void* params[] = {&a};
-  return cudaLaunchKernelExC(&config, fn, params);
+  return launch_collective(fn, blocks, threads, pdl, &a, stream);
 }
 
 }  // namespace jaxll
