@@ -12,7 +12,8 @@ the only channel. The steps, every process in the same order:
    bound is the smallest per-GPU bound divided by the number of ranks that share
    that GPU (N processes on one GPU must all be resident together), and for a
    shared GPU also below its SM count divided by that number (see
-   agree_max_blocks);
+   agree_max_blocks); where processes share a GPU, programmatic dependent
+   launch stays off (unless JAXLL_PDL=1; see use_pdl in workspace.cc);
 3. build: enable peer access between local ranks, allocate and clear
    (sentinel scratch poisoned); the memory is ready before any peer can learn
    its address;
@@ -80,6 +81,13 @@ def agree_max_blocks(members: list[dict]) -> int:
   return min(bound(m) for m in members)
 
 
+def shares_gpu(members: list[dict]) -> bool:
+  """Whether ranks with these facts (dicts with "uuid") put several processes'
+  ranks on one GPU (members are the ranks of every process, one per device)."""
+  uuids = [m["uuid"] for m in members]
+  return len(set(uuids)) < len(uuids)
+
+
 def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
   """Builds the comm for `groups` (lists of jax Devices, some in other
   processes) in process `me`. Returns (comm id, ordinals with -1 for remote
@@ -111,7 +119,8 @@ def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
     if len(hosts) > 1:
       raise DistributedSetupError(f"a reduction group spans hosts ({', '.join(hosts)}); "
                                   "jaxll's kernels serve one host")
-  max_blocks = agree_max_blocks([facts[d.id] for g in groups for d in g])
+  members = [facts[d.id] for g in groups for d in g]
+  max_blocks = agree_max_blocks(members)
   if max_blocks < 1:
     raise DistributedSetupError("the GPUs cannot hold one block per rank for every rank "
                                 "that shares them")
@@ -129,7 +138,7 @@ def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
   comm = None
   try:
     comm = ext.create_comm([list(g) for g in ordinals], False, int(config.scratch_bytes),
-                           int(config.timeout_ms), max_blocks)
+                           int(config.timeout_ms), max_blocks, shares_gpu(members))
     status = "ok"
   except Exception as e:  # reported to every process
     status = f"process {me}: {e}"

@@ -72,6 +72,11 @@ def test_grid_bound_agreement():
   assert distributed.agree_max_blocks([h200] * 2) == 65
   # one rank on it: the whole bound
   assert distributed.agree_max_blocks([h200]) == 264
+  # PDL stays off where processes share a GPU (workspace.cc, use_pdl)
+  assert distributed.shares_gpu([h200] * 2)
+  assert not distributed.shares_gpu(gpus)
+  assert distributed.shares_gpu(mixed)
+  assert not distributed.shares_gpu([h200])
 
 
 def test_mps_workers_get_few_work_queues(tmp_path, monkeypatch):
@@ -145,8 +150,8 @@ def _run_processes(monkeypatch, hosts, fail=None):
   freed = {p: [] for p in range(len(hosts))}
   calls = {}
 
-  def create_comm(groups, virtual, scratch, timeout_ms, max_blocks):
-    calls[local.pid] = max_blocks
+  def create_comm(groups, virtual, scratch, timeout_ms, max_blocks, shared_gpu):
+    calls[local.pid] = (max_blocks, shared_gpu)
     if fail == ("build", local.pid):
       raise RuntimeError("out of memory")
     return 100 + local.pid
@@ -187,8 +192,8 @@ def test_processes_on_one_host_build_and_connect(monkeypatch):
   out, freed, calls = _run_processes(monkeypatch, ["h", "h", "h"])
   assert out[0] == (100, ((0, -1, -1),)) and out[2] == (102, ((-1, -1, 0),))
   # 264 resident blocks shared by 3 ranks on one GPU, and their grids together
-  # below its 132 SMs: 131 // 3
-  assert calls == {0: 43, 1: 43, 2: 43}
+  # below its 132 SMs: 131 // 3; the GPU is shared by processes (no PDL there)
+  assert calls == {0: (43, True), 1: (43, True), 2: (43, True)}
   assert freed == {0: [], 1: [], 2: []}
 
 

@@ -92,15 +92,19 @@ NB_MODULE(_jaxll, m) {
   }, "a"_a, "b"_a);
 
   m.def("create_comm", [](const std::vector<std::vector<int>>& groups, bool virtual_ranks,
-                          size_t scratch_bytes, uint64_t timeout_ms, int max_blocks) {
+                          size_t scratch_bytes, uint64_t timeout_ms, int max_blocks,
+                          bool shared_gpu) {
     WorkspaceConfig cfg;
     cfg.scratch_bytes = scratch_bytes;
     cfg.timeout_ms = timeout_ms;
+    cfg.shared_gpu = shared_gpu;
     nb::gil_scoped_release release;
     return workspace_create(groups, virtual_ranks, cfg, max_blocks);
   }, "groups"_a, "virtual_ranks"_a, "scratch_bytes"_a, "timeout_ms"_a, "max_blocks"_a = 0,
+        "shared_gpu"_a = false,
         "Builds a workspace over groups of CUDA ordinals (-1: a rank in another process, "
-        "then max_blocks must be the bound every process agreed on); returns its id.");
+        "then max_blocks must be the bound every process agreed on; shared_gpu: ranks of "
+        "several processes share a GPU); returns its id.");
   m.def("comm_ipc_handles", [](int64_t id) {
     std::vector<nb::bytes> out;
     for (const std::string& h : get_comm(id).ipc_handles()) out.emplace_back(h.data(), h.size());

@@ -68,15 +68,19 @@ int min_blocks_per_sm() {
 }
 
 // Whether collective kernels on device `ordinal` launch with programmatic
-// dependent launch: JAXLL_PDL=0 turns it off, 1 (the default) on where the
-// device supports it (compute capability 9.0 and newer).
-bool use_pdl(int ordinal) {
+// dependent launch on compute capability 9.0 and newer: JAXLL_PDL=0 turns it
+// off, 1 on; unset, it is on except where ranks of several processes share a
+// GPU. There (2 processes under CUDA MPS, examples/cg_solver.py) a rank was
+// seen running a later call while blocks of its earlier call had not started,
+// and both ranks timed out; with PDL off the same run passes
+// (benchmarks/README.md, "Faults").
+bool use_pdl(int ordinal, bool shared_gpu) {
   const char* env = std::getenv("JAXLL_PDL");
   const std::string want = env ? env : "";
   if (!want.empty() && want != "0" && want != "1") {
     throw std::runtime_error("JAXLL_PDL must be 0 or 1, got '" + want + "'");
   }
-  if (want == "0") return false;
+  if (want == "0" || (want.empty() && shared_gpu)) return false;
   int major = 0;
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal),
              "querying the compute capability");
@@ -438,7 +442,7 @@ void Workspace::connect(const std::vector<std::vector<std::string>>& handles) {
       v.rank = rk->rank;
       v.nranks = static_cast<int>(n);
       v.max_blocks = max_blocks_;
-      v.pdl = use_pdl(rk->ordinal) ? 1 : 0;
+      v.pdl = use_pdl(rk->ordinal, config_.shared_gpu) ? 1 : 0;
       v.timeout_ns = config_.timeout_ms * 1000000ull;
       v.trap = trap_on_error() ? 1 : 0;
       v.signatures = check_signatures() ? 1 : 0;

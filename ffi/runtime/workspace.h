@@ -24,6 +24,9 @@ namespace jaxll {
 struct WorkspaceConfig {
   size_t scratch_bytes = 0;  // payload bytes per rank one one-shot round moves (all blocks)
   uint64_t timeout_ms = 0;   // deadline of every spin-wait
+  // Ranks of several processes share a GPU of this workspace (CUDA MPS or time
+  // slicing): programmatic dependent launch stays off there unless JAXLL_PDL=1.
+  bool shared_gpu = false;
 };
 
 struct Rank {
