@@ -15,6 +15,9 @@ def add_common_args(parser):
                       help="run in N local jax.distributed processes (jaxll.launch): one "
                            "GPU each where there are N, else all sharing GPU 0")
   parser.add_argument("--json", default=None, help="write the report here")
+  parser.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
+                      help="with --processes: a private CUDA MPS daemon (auto: where "
+                           "nvidia-cuda-mps-control and a GPU exist)")
   parser.add_argument("--worker", action="store_true", help=argparse_suppress())
   parser.add_argument("--shared-gpu", action="store_true", help=argparse_suppress())
   parser.add_argument("--cpu", action="store_true", help=argparse_suppress())
@@ -87,13 +90,16 @@ def _launch(opts, script):
       args.append(a)
   args += ["--worker"] + (["--shared-gpu"] if shared else []) + ([] if gpus else ["--cpu"])
   env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "NCCL_NVLS_ENABLE": "0"}
+  if "CUDA_DEVICE_MAX_CONNECTIONS" in os.environ:  # the caller's choice beats launch's default
+    env["CUDA_DEVICE_MAX_CONNECTIONS"] = os.environ["CUDA_DEVICE_MAX_CONNECTIONS"]
   if not gpus:  # one CPU device per process
     env["XLA_FLAGS"] = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
                                 if "xla_force_host_platform_device_count" not in f)
   if shared:
     env["JAXLL_AUTO_MAX_BYTES"] = str(1 << 40)  # never hand a call to XLA's NCCL
+  mps = {"auto": "auto", "on": True, "off": False}[opts.mps]
   workers = launch.run(os.path.abspath(script), n, args=args, timeout=3600, env=env,
-                       devices=devices)
+                       devices=devices, mps=mps if gpus else False)
   return workers[0].result
 
 
