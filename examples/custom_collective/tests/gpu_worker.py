@@ -39,14 +39,19 @@ for count in (1, 3, 1000, 70_001):
     compiled = f.lower(put(full)).compile()
     launch.barrier()
     x = put(full)
-    want_b = full[root]
-    want_d = n * full[root].astype(np.float64) - full.astype(np.float64).sum(0)
+    # every rank's block is (1, count): the results, replicated, have that shape
+    want_b = full[root:root + 1]
+    want_d = n * want_b.astype(np.float64) - full.astype(np.float64).sum(0, keepdims=True)
     for _ in range(5):
       b, d = compiled(x)
       got_b = np.asarray(b.addressable_data(0))
       got_d = np.asarray(d.addressable_data(0), np.float64)
-      if not np.array_equal(got_b.view(np.uint32), want_b.view(np.uint32)):
-        report["errors"].append(f"broadcast {count} root {root}: wrong bits")
+      if got_b.shape != want_b.shape or got_d.shape != want_d.shape:
+        report["errors"].append(f"broadcast {count} root {root}: shapes {got_b.shape}, "
+                                f"{got_d.shape}, want {want_b.shape}")
+      elif not np.array_equal(got_b.view(np.uint32), want_b.view(np.uint32)):
+        bad = int(np.sum(got_b.view(np.uint32) != want_b.view(np.uint32)))
+        report["errors"].append(f"broadcast {count} root {root}: {bad} elements' bits wrong")
       if not np.allclose(got_d, want_d, rtol=1e-4, atol=1e-3 * n):
         report["errors"].append(f"all-reduce after broadcast {count} root {root}: wrong")
       report["checked"] += 1
