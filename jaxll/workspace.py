@@ -187,7 +187,7 @@ def free_workspaces() -> None:
   called. A compiled executable kept across this call (``jit(f).lower(...)
   .compile()``) fails clearly instead: its host check raises
   FAILED_PRECONDITION ("workspace N was freed"), and a kernel XLA replays from
-  a recorded command buffer finds its header marked freed (headers, 1 KiB per
+  a recorded command buffer finds its header marked freed (headers, 4 KiB per
   rank, are never freed), poisons its output and touches no freed memory.
   Call it only when no jaxll computation is in flight. To recover from an
   error without recompiling, use :func:`reset`.

@@ -100,7 +100,7 @@ __device__ __forceinline__ LL16* norm_partial(const RankView& v, int block, int 
 // the row's total: the partials of its S blocks added in segment order (the
 // same bits in every block and on every rank). False in *ok when a wait gave up.
 __device__ __forceinline__ float row_total(const RmsNormArgs& a, const Segment& g, float part,
-                                           uint64_t tag, int parity, bool* ok) {
+                                           uint64_t tag, int parity, uint64_t epoch, bool* ok) {
   __shared__ float s_seg[kMaxBlocks];
   __shared__ int s_failed;
   const RankView& v = a.base.view;
@@ -118,7 +118,9 @@ __device__ __forceinline__ float row_total(const RmsNormArgs& a, const Segment& 
     auto ready = [&] { return ll16_ready(q, flag) && (ll16_payload(q) >> 32) == high; };
     bool got = ready();
     if (!got && *ok) {
-      const WaitContext ctx = wait_context(v, tag);
+      // (a timeout here names this rank and the block's last round: a sibling
+      // block of this rank did not finish that round)
+      const WaitContext ctx = wait_context(v, epoch);
       got = bounded_wait(ctx, static_cast<uint32_t>(v.rank), [&] {
         q = ll16_load(slot);
         return ready();
@@ -209,8 +211,11 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
     // The row's sum of squares from its S blocks, then the norm of this
     // block's segment: new_residual (this block wrote it) times the inverse
     // root mean square, rounded, times the weight.
-    const float total = row_total(a, g, block_sum(squares), tag0 + static_cast<uint64_t>(k) + 1,
-                                  static_cast<int>(k & 1), &ok);
+    const float part = block_sum(squares);
+    const float total =
+        a.segments == 1 ? part
+                        : row_total(a, g, part, tag0 + static_cast<uint64_t>(k) + 1,
+                                    static_cast<int>(k & 1), bs.epoch + round - 1, &ok);
     const float inv = rsqrtf(total / static_cast<float>(a.hidden) + a.eps);
     T* no = normed + row * a.hidden;
     for (int64_t u = g.u0 + threadIdx.x; u < g.u1; u += blockDim.x) {

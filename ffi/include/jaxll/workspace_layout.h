@@ -76,13 +76,15 @@ struct WorkspaceHeader {
   // Each block's partial sum of squares for the row it holds, by row-wave
   // parity: LL16 packets (payload: the float bits and the tag's high half;
   // flag: the tag's low half), read by the other blocks of the same row.
-  uint64_t norm_partials[kMaxBlocks][2][2];
+  alignas(16) uint64_t norm_partials[kMaxBlocks][2][2];
   // Base address (as seen from this rank's device) of every rank's workspace.
   void* peer_bases[kMaxRanks];
 };
 
 constexpr size_t kHeaderBytes = 4096;
 static_assert(sizeof(WorkspaceHeader) <= kHeaderBytes, "header too large");
+static_assert(offsetof(WorkspaceHeader, norm_partials) % 16 == 0,
+              "LL16 packets need 16-byte alignment");
 
 // Words of a rank's host-visible error record (mapped pinned memory): the error
 // word, then for a mismatch this rank's call signature and the peer's.
