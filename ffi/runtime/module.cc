@@ -75,6 +75,7 @@ NB_MODULE(_jaxll, m) {
     d["jaxll_noop"] = handler_capsule(&jaxll_noop_handler);
     d["jaxll_check"] = handler_capsule(&jaxll_check_handler);
     d["jaxll_all_reduce_rmsnorm"] = handler_capsule(&jaxll_all_reduce_rmsnorm_handler);
+    d["jaxll_join"] = handler_capsule(&jaxll_join_handler);
     return d;
   }, "FFI handler capsules by target name.");
 
