@@ -385,18 +385,19 @@ def _holds_calls(ctx, op, state) -> bool:
   return False
 
 
-def _order_before(chain: _Chain, op) -> None:
+def _order_before(chain: _Chain, op, *, ordered_call: bool = False) -> None:
   """Orders `op` (of chain's block) after the chain's calls so far: one of its
-  operands passes through a join with the chain's order value."""
+  operands passes through a join with the chain's order value (for an ordered
+  kernel call, its order operand, the last, which nobody reads: no alias)."""
   chain.joined.append(op)
   if chain.value is None:
     return
-  i = _join_operand(op)
-  if i is None:
-    return
   operands = op.operation.operands
+  i = len(operands) - 1 if ordered_call else _join_operand(op)
+  if i is None or i < 0:
+    return
   with ir.InsertionPoint(op.operation):
-    operands[i] = _join(operands[i], [chain.value], alias=True)
+    operands[i] = _join(operands[i], [chain.value], alias=not ordered_call)
 
 
 def _chain_of(ctx, state, block) -> _Chain:
@@ -449,7 +450,7 @@ def _catch_up(ctx, state, chain: _Chain, stop=None) -> None:
       # an ordered call lowered elsewhere and inlined here: its order operand
       # (the last) follows this chain, its order result continues it
       if not any(_same_op(op, j) for j in chain.joined):
-        _order_before(chain, op)
+        _order_before(chain, op, ordered_call=True)
       chain.value, chain.last_op = op.results[len(op.results) - 1], op
       continue
     if not _holds_calls(ctx, op, state):
