@@ -24,7 +24,6 @@
 namespace jaxll {
 namespace {
 
-constexpr uint32_t kRmsNormCollective = 1;
 // Units a block's segment aims at (the one-shot all-reduce's block size).
 constexpr int64_t kSegmentUnits = 128;
 
@@ -297,7 +296,7 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
   a.eps = eps;
   a.base.signature = encode_signature(kRmsNormCollective, static_cast<uint32_t>(Algorithm::kOneShotLL),
                                       static_cast<uint32_t>(dtype), 0,
-                                      tokens * hidden);
+                                      rmsnorm_signature_shape(tokens, hidden));
   // The grid the one-shot all-reduce would take for the whole message (a block
   // per kSegmentUnits units, up to the bound); few rows are cut into segments
   // to fill it, many rows go a whole row per block in several row-waves.
