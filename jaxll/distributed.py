@@ -137,7 +137,7 @@ def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
 
   comm = None
   try:
-    comm = ext.create_comm([list(g) for g in ordinals], False, int(config.scratch_bytes),
+    comm = ext.create_workspace([list(g) for g in ordinals], False, int(config.scratch_bytes),
                            int(config.timeout_ms), max_blocks, shares_gpu(members))
     status = "ok"
   except Exception as e:  # reported to every process
@@ -148,7 +148,7 @@ def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
     # that cannot export publishes empty handles, so nobody waits for it.
     status = "ok"
     try:
-      exported = ext.comm_ipc_handles(comm)
+      exported = ext.workspace_ipc_handles(comm)
     except Exception as e:  # reported to every process
       exported = [b""] * len(local)
       status = f"process {me}: {e}"
@@ -159,12 +159,12 @@ def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
                   client.blocking_key_value_get_bytes(f"{prefix}/ipc/{d.id}", timeout)
                   for d in g] for g in groups]
       if status == "ok":
-        ext.comm_connect(comm, handles)
+        ext.workspace_connect(comm, handles)
     except Exception as e:  # reported to every process
       status = f"process {me}: {e}"
     agree("connect", status)
   except BaseException:
     if comm is not None:
-      ext.free_comm(comm)
+      ext.free_workspace(comm)
     raise
   return comm, ordinals

@@ -235,28 +235,29 @@ def _tag(results, site: call_sites.CallSite) -> None:
 #
 # Blocks nest (a loop inside the shard_map body, a branch inside a loop; JAX
 # often outlines a loop body into a function called with func.call), and the
-# chain of a block is joined across them with stablehlo.optimization_barrier,
-# whose results depend on all its operands. When a call is lowered, every op of
-# its block since the block's previous call that holds kernel calls (a loop, a
-# conditional or a func.call, searched through regions and called functions) is
-#  - ordered after the calls before it: its last operand passes through a
-#    barrier with the chain's order value;
-#  - ordered before this call: the order value this call takes passes through a
-#    barrier with the op's first result.
+# chain of a block is joined across them with ``jaxll_join`` custom calls: a
+# join's result depends on all its operands, and the device does nothing for
+# it. When a call is lowered, every op of its block since the block's previous
+# call that holds kernel calls (a loop, a conditional or a func.call, searched
+# through regions and called functions) is
+#  - ordered after the calls before it: one of its operands (the smallest
+#    tensor; for a loop, never its induction variable) passes through a join
+#    with the chain's order value, the join's result aliasing that operand;
+#  - ordered before this call: the order value this call takes is a join over
+#    the chain's order value and the op's first tensor result.
 # A loop or conditional whose calls are lowered inline is ordered after the
 # calls before it as soon as its first call is lowered. The chain of a block
-# with arguments (a loop body, an outlined function) starts from a barrier over
+# with arguments (a loop body, an outlined function) starts from a join over
 # them, so a call of iteration i+1 comes after everything iteration i returned,
 # also in an unrolled or pipelined loop. Not joined: a call-holding op after
 # the last call of its block that has no data dependency on the calls before it,
 # and a func.call of a function JAX lowered earlier and reuses (the block is
 # looked at again only when a call was emitted elsewhere since its last call).
-# XLA's GPU compiler removes optimization barriers after scheduling
-# (OptimizationBarrierExpander in its post-scheduling passes): these joins fix
-# the order of the schedule, not of a command buffer built from buffer
-# dependencies (CONCURRENT mode), where only the in-block chains, real custom
-# call operands, hold.
+# Joins are custom calls, which XLA never removes (it removes optimization
+# barriers after scheduling), so they order command buffers built from buffer
+# dependencies (CONCURRENT mode) as well as the schedule.
 _ORDER_KEY = ("jaxll", "order chains")
+_JOIN_TARGET = "jaxll_join"
 _ORDER_AVAL = core.ShapedArray((1,), np.dtype(np.uint32))
 _CHECK_TARGET = "jaxll_check"
 
@@ -286,11 +287,66 @@ def _zero_order():
   return mlir.ir_constant(np.zeros((1,), np.uint32))
 
 
-def _barrier_first(first: ir.Value, others) -> ir.Value:
-  """`first`, made to depend on every value of `others` (emitted at the current
-  insertion point)."""
-  from jax._src.lib.mlir.dialects import hlo
-  return hlo.OptimizationBarrierOp([first, *others]).results[0]
+def _as(cls, t):
+  """`t` as an instance of the MLIR type class `cls`, or None."""
+  try:
+    return cls(t)
+  except (ValueError, TypeError):
+    return None
+
+
+def _row_major(value: ir.Value) -> list[int]:
+  return list(reversed(range(ir.RankedTensorType(value.type).rank)))
+
+
+def _join(first: ir.Value, others, *, alias: bool) -> ir.Value:
+  """`first`, made to depend on every tensor of `others`: a ``jaxll_join``
+  custom call (emitted at the current insertion point) that does nothing on the
+  device. alias=True: its result is `first` itself (the result aliases operand
+  0, so it holds first's value; XLA copies only where first stays live);
+  alias=False: `first` is an order value, which nobody reads, so the result is
+  a fresh buffer and no copy is ever made. Unlike an optimization barrier, the
+  custom call stays in the program after scheduling: the dependency holds in
+  command buffers built from buffer dependencies too."""
+  others = [v for v in others if _as(ir.RankedTensorType, v.type) is not None]
+  operands = [first, *others]
+  op = mlir.custom_call(
+      _JOIN_TARGET, result_types=[first.type], operands=operands, backend_config={},
+      api_version=4, operand_output_aliases={0: 0} if alias else None,
+      operand_layouts=[_row_major(v) for v in operands], result_layouts=[_row_major(first)])
+  return op.results[0]
+
+
+def _element_bytes(t) -> int:
+  for cls in (ir.IntegerType, getattr(ir, "FloatType", None)):
+    typed = _as(cls, t) if cls is not None else None
+    if typed is not None:
+      return max(1, (typed.width + 7) // 8)
+  return 8
+
+
+def _first_tensor(values) -> ir.Value | None:
+  for v in values:
+    if _as(ir.RankedTensorType, v.type) is not None:
+      return v
+  return None
+
+
+def _join_operand(op) -> int | None:
+  """The operand of `op` to pass through a join: the smallest tensor (the join
+  may cost a copy of it), never a loop's first (its induction variable, whose
+  constant start XLA reads to count the trips). None: no such operand."""
+  operands = op.operation.operands
+  first = 1 if op.operation.name in ("stablehlo.while", "mhlo.while") else 0
+  best, best_bytes = None, None
+  for i in range(first, len(operands)):
+    rt = _as(ir.RankedTensorType, operands[i].type)
+    if rt is None or not rt.has_static_shape:
+      continue
+    nbytes = int(np.prod(rt.shape, dtype=np.int64)) * _element_bytes(rt.element_type)
+    if best is None or nbytes < best_bytes:
+      best, best_bytes = i, nbytes
+  return best
 
 
 def _same_op(a, b) -> bool:
@@ -329,17 +385,19 @@ def _holds_calls(ctx, op, state) -> bool:
   return False
 
 
-def _order_before(chain: _Chain, op) -> None:
-  """Orders `op` (of chain's block) after the chain's calls so far."""
+def _order_before(chain: _Chain, op, *, ordered_call: bool = False) -> None:
+  """Orders `op` (of chain's block) after the chain's calls so far: one of its
+  operands passes through a join with the chain's order value (for an ordered
+  kernel call, its order operand, the last, which nobody reads: no alias)."""
   chain.joined.append(op)
-  operands = op.operation.operands
-  if chain.value is None or not len(operands):
+  if chain.value is None:
     return
-  # the last operand: a loop's first is its induction variable, whose constant
-  # start XLA reads to count the trips
-  last = len(operands) - 1
+  operands = op.operation.operands
+  i = len(operands) - 1 if ordered_call else _join_operand(op)
+  if i is None or i < 0:
+    return
   with ir.InsertionPoint(op.operation):
-    operands[last] = _barrier_first(operands[last], [chain.value])
+    operands[i] = _join(operands[i], [chain.value], alias=not ordered_call)
 
 
 def _chain_of(ctx, state, block) -> _Chain:
@@ -364,7 +422,7 @@ def _chain_of(ctx, state, block) -> _Chain:
       _order_before(parent, owner)
   if len(block.arguments):
     with ir.InsertionPoint.at_block_begin(block):
-      chain.value = _barrier_first(_zero_order(), list(block.arguments))
+      chain.value = _join(_zero_order(), list(block.arguments), alias=False)
   return chain
 
 
@@ -392,19 +450,20 @@ def _catch_up(ctx, state, chain: _Chain, stop=None) -> None:
       # an ordered call lowered elsewhere and inlined here: its order operand
       # (the last) follows this chain, its order result continues it
       if not any(_same_op(op, j) for j in chain.joined):
-        _order_before(chain, op)
+        _order_before(chain, op, ordered_call=True)
       chain.value, chain.last_op = op.results[len(op.results) - 1], op
       continue
     if not _holds_calls(ctx, op, state):
       continue
     if not any(_same_op(op, j) for j in chain.joined):
       _order_before(chain, op)
-    if len(op.results):
+    result = _first_tensor(op.results)
+    if result is not None:
       after = ir.InsertionPoint(ops[i + 1]) if i + 1 < len(ops) else \
           ir.InsertionPoint(chain.block)
       with after:
         before = chain.value if chain.value is not None else _zero_order()
-        chain.value = _barrier_first(before, [op.results[0]])
+        chain.value = _join(before, [result], alias=False)
     chain.last_op = op
 
 

@@ -135,7 +135,7 @@ def get_workspace(ordinals: Sequence[Sequence[int]], device_ids: Sequence[Sequen
   with _lock:
     ws = _registry.get(key)
     if ws is None:
-      comm = ext.create_comm([list(g) for g in ordinals], virtual,
+      comm = ext.create_workspace([list(g) for g in ordinals], virtual,
                              int(config.scratch_bytes), int(config.timeout_ms))
       ws = _describe(comm, virtual, device_ids, ordinals, config)
       _registry[key] = ws
@@ -143,7 +143,7 @@ def get_workspace(ordinals: Sequence[Sequence[int]], device_ids: Sequence[Sequen
 
 
 def _describe(comm, virtual, device_ids, ordinals, config, distributed=False) -> Workspace:
-  info = ext.comm_info(comm)
+  info = ext.workspace_info(comm)
   return Workspace(id=comm, virtual=virtual, device_ids=device_ids, ordinals=ordinals,
                    config=config, round_bytes=int(info["round_bytes"]),
                    region_bytes=int(info["region_bytes"]),
@@ -187,7 +187,7 @@ def free_workspaces() -> None:
   called. A compiled executable kept across this call (``jit(f).lower(...)
   .compile()``) fails clearly instead: its host check raises
   FAILED_PRECONDITION ("workspace N was freed"), and a kernel XLA replays from
-  a recorded command buffer finds its header marked freed (headers, 1 KiB per
+  a recorded command buffer finds its header marked freed (headers, 4 KiB per
   rank, are never freed), poisons its output and touches no freed memory.
   Call it only when no jaxll computation is in flight. To recover from an
   error without recompiling, use :func:`reset`.
@@ -203,7 +203,7 @@ def free_workspaces() -> None:
 def _recorded() -> list[tuple[int, str]]:
   out = []
   for ws in workspaces():
-    for *_, word, message in ext.comm_errors(ws.id):
+    for *_, word, message in ext.workspace_errors(ws.id):
       out.append((int(ext.decode_error(word)[0]), message))
   return out
 
@@ -254,7 +254,7 @@ def reset(*, timeout_s: float = RESET_TIMEOUT_S) -> None:
   """
   for ws in workspaces():
     if not ws.distributed:
-      ext.comm_reset(ws.id)
+      ext.workspace_reset(ws.id)
       continue
     import jax
     from jaxll import distributed
@@ -282,9 +282,9 @@ def reset(*, timeout_s: float = RESET_TIMEOUT_S) -> None:
               f"{ws.id} within {timeout_s:g} s (has it died? a workspace spanning a dead "
               f"process cannot be reset; restart the job): {e}") from None
 
-    ext.comm_quiesce(ws.id)
+    ext.workspace_quiesce(ws.id)
     barrier("quiet")
-    ext.comm_reset(ws.id)
+    ext.workspace_reset(ws.id)
     barrier("cleared")
 
 

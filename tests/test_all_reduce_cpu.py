@@ -317,19 +317,21 @@ def test_kernel_calls_are_chained_in_program_order(mesh1, monkeypatch):
   chains = _kernel_call_chains(text)
   # the first three calls of the function body form one chain, in program
   # order; the loop body's two calls their own; the call after the loop
-  # continues the first chain through a barrier with the loop (see
+  # continues the first chain through a join with the loop (see
   # test_kernel_calls_stay_ordered_across_loops_and_conditionals)
   assert sorted(len(c) for c in chains) == [1, 2, 3], chains
   # the body's chain starts at the program's host check (which runs first), the
-  # loop body's and the call after the loop at a barrier
+  # loop body's and the call after the loop at a join (a custom call XLA keeps,
+  # unlike an optimization barrier, which it removes after scheduling)
   starts = {}
   for chain in chains:
     first = re.escape(chain[0][1].split("#")[0])
     if re.search(rf"{first} = stablehlo\.custom_call @jaxll_check", text):
       starts[len(chain)] = "check"
-    elif re.search(rf"{first}:\d+ = stablehlo\.optimization_barrier", text):
-      starts[len(chain)] = "barrier"
-  assert starts == {3: "check", 2: "barrier", 1: "barrier"}, (starts, chains)
+    elif re.search(rf"{first} = stablehlo\.custom_call @jaxll_join", text):
+      starts[len(chain)] = "join"
+  assert starts == {3: "check", 2: "join", 1: "join"}, (starts, chains)
+  assert "optimization_barrier" not in text
   assert text.count("@jaxll_all_reduce(") == 6
 
 
@@ -407,8 +409,14 @@ def test_kernel_calls_stay_ordered_across_loops_and_conditionals(mesh1, monkeypa
   for fn in re.findall(r"func\.func private @(closed_call\w*)\(", text):
     fbody = text.split(f"func.func private @{fn}(", 1)[1].split("\n  }", 1)[0]
     first = re.search(r"@jaxll_all_reduce\((%[\w#]+), (%[\w#]+)\)", fbody).group(2)
-    assert re.search(rf"{first.split('#')[0]}:\d+ = stablehlo\.optimization_barrier %c, %arg0",
+    assert re.search(rf"{first.split('#')[0]} = stablehlo\.custom_call @jaxll_join\(%c, %arg0",
                      fbody), fbody
+  # a join that stands for an operand of a loop or conditional aliases it (no
+  # copy); one that makes an order value does not
+  joins = re.findall(r"stablehlo\.custom_call @jaxll_join\(([^)]*)\)([^\n]*)", text)
+  assert joins and "optimization_barrier" not in text
+  aliased = [rest for _, rest in joins if "output_operand_aliases" in rest]
+  assert aliased and len(aliased) < len(joins), joins
 
 
 def test_program_starts_with_one_host_check_of_every_workspace(mesh1, monkeypatch):

@@ -168,9 +168,9 @@ def test_fused_request_lowers_to_the_kernel_in_the_order_chain(mesh, monkeypatch
   fused, after = calls
   check = re.search(r"(%\w+) = stablehlo\.custom_call @jaxll_check", text).group(1)
   order_in = fused[3].split(", ")[-1]
-  # after the host check: its result, or a barrier over it
+  # after the host check: its result, or a join over it
   assert fused[1] == "3" and (order_in == check or re.search(
-      rf"{order_in.split('#')[0]}:\d+ = stablehlo\.optimization_barrier {check}\b", text)), text
+      rf"{order_in.split('#')[0]} = stablehlo\.custom_call @jaxll_join\({check}\b", text)), text
   assert after[3].split(", ")[-1] == fused[0] + "#2"               # the next call after it
   assert "eps = 9.99999974E-6 : f32" in text and "comm = 7" in text
   sites = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"]

@@ -133,7 +133,7 @@ class _Store:
 def _run_processes(monkeypatch, hosts, fail=None):
   """Runs distributed.build for a group of one GPU per process (len(hosts)
   processes, process p on host hosts[p]) in threads; `fail` = (step, process)
-  makes that process's create_comm ("build") or comm_connect ("connect") raise.
+  makes that process's create_workspace ("build") or workspace_connect ("connect") raise.
   Returns per process: the result or the exception, and the comms it freed."""
   store, local = _Store(), threading.local()
 
@@ -150,13 +150,13 @@ def _run_processes(monkeypatch, hosts, fail=None):
   freed = {p: [] for p in range(len(hosts))}
   calls = {}
 
-  def create_comm(groups, virtual, scratch, timeout_ms, max_blocks, shared_gpu):
+  def create_workspace(groups, virtual, scratch, timeout_ms, max_blocks, shared_gpu):
     calls[local.pid] = (max_blocks, shared_gpu)
     if fail == ("build", local.pid):
       raise RuntimeError("out of memory")
     return 100 + local.pid
 
-  def comm_connect(comm, handles):
+  def workspace_connect(comm, handles):
     assert [h for g in handles for h in g if h] == [b"ipc%d" % p for p in range(len(hosts))
                                                     if p != local.pid]
     if fail == ("connect", local.pid):
@@ -164,9 +164,9 @@ def _run_processes(monkeypatch, hosts, fail=None):
 
   fake = types.SimpleNamespace(
       device_uuid=lambda o: f"gpu-of-{hosts[local.pid]}",
-      device_block_bound=lambda o: 264, device_sm_count=lambda o: 132, create_comm=create_comm,
-      comm_ipc_handles=lambda comm: [b"ipc%d" % local.pid], comm_connect=comm_connect,
-      free_comm=lambda comm: freed[local.pid].append(comm))
+      device_block_bound=lambda o: 264, device_sm_count=lambda o: 132, create_workspace=create_workspace,
+      workspace_ipc_handles=lambda comm: [b"ipc%d" % local.pid], workspace_connect=workspace_connect,
+      free_workspace=lambda comm: freed[local.pid].append(comm))
   monkeypatch.setattr(distributed, "ext", fake)
   devs = [types.SimpleNamespace(id=p, process_index=p, local_hardware_id=0)
           for p in range(len(hosts))]

@@ -149,6 +149,11 @@ std::string describe_signature(uint64_t sig) {
     }
     return "code " + std::to_string(code);
   };
+  if (d.collective == kRmsNormCollective) {
+    return "all_reduce_rmsnorm of " + std::to_string(d.count >> 20) + " x " +
+           std::to_string(d.count & 0xFFFFF) + " " + name(dtype_codes(), d.dtype) +
+           " elements (tokens x hidden, modulo 2^20), algorithm fused";
+  }
   return std::string(d.collective == 0 ? "all_reduce" : "collective " + std::to_string(d.collective)) +
          " of " + std::to_string(d.count) + " " + name(dtype_codes(), d.dtype) + " elements, op " +
          name(op_codes(), d.op) + ", algorithm " + name(algorithm_codes(), d.algorithm);

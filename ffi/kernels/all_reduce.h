@@ -75,7 +75,6 @@ cudaError_t launch_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op, con
 // on a device before first use and bound grids by their occupancy.
 std::vector<const void*> all_kernel_functions();
 
-// Small helper kernels used by the runtime and the testing tools.
 // All-reduce + residual + RMSNorm (all_reduce_rmsnorm.cu): x, residual, normed
 // and new_residual are (tokens, hidden) of `dtype`, weight (hidden,). Null when
 // the kernel can serve (dtype, hidden) on `view`'s workspace, else what it lacks.
@@ -85,6 +84,15 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
                                       void* new_residual, int64_t tokens, int64_t hidden,
                                       float eps, cudaStream_t stream);
 std::vector<const void*> rmsnorm_kernel_functions();
+// Its call signature's collective code; the signature's count field holds the
+// shape, tokens in bits 20-39 and hidden in bits 0-19 (each modulo 2^20), so
+// ranks that call with different shapes of one size are told apart.
+constexpr uint32_t kRmsNormCollective = 1;
+constexpr uint64_t rmsnorm_signature_shape(int64_t tokens, int64_t hidden) {
+  return (static_cast<uint64_t>(tokens) & 0xFFFFF) << 20 | (static_cast<uint64_t>(hidden) & 0xFFFFF);
+}
+
+// Small helper kernels used by the runtime and the testing tools.
 
 cudaError_t launch_fill_i32(int32_t* out, int32_t value, cudaStream_t stream);
 // An empty kernel: the floor under any custom call that launches one.

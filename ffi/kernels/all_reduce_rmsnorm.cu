@@ -1,15 +1,21 @@
 // All-reduce + residual add + RMSNorm in one kernel, on the one-shot LL16 path.
 //
-// Each block owns whole rows (tokens): block b takes rows b, b + G, ... (G the
-// grid). A row goes in chunks of at most one LL16 region (one round, one epoch
-// each): every rank pushes its chunk of x to every peer, reduces the N chunks in
-// rank order (bitwise the result jaxll.all_reduce gives), adds the residual in
+// Rows (tokens) are cut into S segments of about 128 LL16 units, and each block
+// owns one segment of one row per row-wave: block b takes segment b % S of rows
+// b / S, b / S + W, ... (W = gridDim.x / S rows at once), so a decode step's
+// few rows spread over as many SMs as the one-shot all-reduce would use. A
+// segment goes in chunks of at most one LL16 region (one round, one epoch each):
+// every rank pushes its chunk of x to every peer, reduces the N chunks in rank
+// order (bitwise the result jaxll.all_reduce gives), adds the residual in
 // float32 and rounds once (new_residual), and accumulates the squares of the
-// rounded values. When a row's last chunk is done the block reduces the sum of
-// squares and writes normed = round(new_residual * rsqrt(mean + eps)) * weight,
-// reading new_residual back (written by this block). Scratch alternates by epoch
-// parity, as in the one-shot all-reduce (all_reduce_common.cuh); call signatures
-// are checked the same way (collective code 1).
+// rounded values. The S blocks of a row then combine their partial sums of
+// squares through this rank's header (LL16 packets tagged with a per-call tag,
+// added in segment order, so every block and every rank gets the same sum), and
+// each writes normed = round(new_residual * rsqrt(mean + eps)) * weight for its
+// own segment. Scratch alternates by epoch parity, as in the one-shot all-reduce
+// (all_reduce_common.cuh); call signatures are checked the same way (collective
+// code 1). All blocks of the grid are co-resident (the grid bound), so a block
+// waiting for its row's partial sums always ends.
 #include <algorithm>
 
 #include "all_reduce_common.cuh"
@@ -18,7 +24,8 @@
 namespace jaxll {
 namespace {
 
-constexpr uint32_t kRmsNormCollective = 1;
+// Units a block's segment aims at (the one-shot all-reduce's block size).
+constexpr int64_t kSegmentUnits = 128;
 
 struct RmsNormArgs {
   AllReduceArgs base;  // view, signature and trigger (the other fields unused)
@@ -30,19 +37,43 @@ struct RmsNormArgs {
   int64_t tokens;
   int64_t hidden;
   int64_t row_units;    // LL16 units (8 bytes) of a row
-  int64_t chunk_units;  // most units of a row one round moves
+  int64_t seg_span;     // units of a row one block owns (a row's last segment may have fewer)
+  int64_t chunk_units;  // most units of a segment one round moves
+  int segments;         // S: blocks per row
+  int waves;            // row-waves of the call: ceil(tokens / (gridDim.x / S))
   float eps;
 };
 
+// This block's units [u0, u1) of every row it holds.
+struct Segment {
+  int64_t u0, u1;
+  int64_t group;  // first row (rows group, group + W, ...)
+  int64_t rows;   // how many rows it holds
+};
+
+__device__ __forceinline__ Segment segment_of(const RmsNormArgs& a) {
+  Segment g;
+  const int64_t seg = blockIdx.x % a.segments;
+  const int64_t rows_at_once = gridDim.x / a.segments;
+  g.group = blockIdx.x / a.segments;
+  g.u0 = seg * a.seg_span;
+  g.u1 = min(a.row_units, g.u0 + a.seg_span);
+  g.rows = a.tokens > g.group ? (a.tokens - g.group + rows_at_once - 1) / rows_at_once : 0;
+  return g;
+}
+
 template <class T>
-__device__ __forceinline__ void poison_rows(const RmsNormArgs& a, int64_t first_row) {
+__device__ __forceinline__ void poison_segments(const RmsNormArgs& a, const Segment& g) {
   T* nr = static_cast<T*>(a.new_residual);
   T* no = static_cast<T*>(a.normed);
-  for (int64_t row = first_row; row < a.tokens; row += gridDim.x)
-    for (int64_t u = threadIdx.x; u < a.row_units; u += blockDim.x) {
+  const int64_t rows_at_once = gridDim.x / a.segments;
+  for (int64_t k = 0; k < g.rows; ++k) {
+    const int64_t row = g.group + k * rows_at_once;
+    for (int64_t u = g.u0 + threadIdx.x; u < g.u1; u += blockDim.x) {
       store_unit<T, 8>(nr + row * a.hidden, u, a.hidden, false, poison_unit<8>());
       store_unit<T, 8>(no + row * a.hidden, u, a.hidden, false, poison_unit<8>());
     }
+  }
 }
 
 // The sum of `v` over the block (every thread gets it; every thread must call).
@@ -57,6 +88,52 @@ __device__ __forceinline__ float block_sum(float v) {
   const int warps = (blockDim.x + 31) / 32;
   for (int w = 0; w < warps; ++w) t += s_part[w];  // the same order in every thread
   return t;
+}
+
+// The partial-sum packet of block `block` for row-waves of parity `parity`.
+__device__ __forceinline__ LL16* norm_partial(const RankView& v, int block, int parity) {
+  return reinterpret_cast<LL16*>(v.header->norm_partials[block][parity]);
+}
+
+// Publishes this block's partial sum of squares of row-wave `tag` and returns
+// the row's total: the partials of its S blocks added in segment order (the
+// same bits in every block and on every rank). False in *ok when a wait gave up.
+__device__ __forceinline__ float row_total(const RmsNormArgs& a, const Segment& g, float part,
+                                           uint64_t tag, int parity, uint64_t epoch, bool* ok) {
+  __shared__ float s_seg[kMaxBlocks];
+  __shared__ int s_failed;
+  const RankView& v = a.base.view;
+  const uint32_t flag = static_cast<uint32_t>(tag);
+  const uint64_t high = tag >> 32;
+  if (threadIdx.x == 0) {
+    s_failed = 0;
+    ll16_store(norm_partial(v, blockIdx.x, parity), (high << 32) | __float_as_uint(part), flag);
+  }
+  __syncthreads();
+  const int first = static_cast<int>(g.group) * a.segments;
+  for (int j = threadIdx.x; j < a.segments; j += blockDim.x) {
+    const LL16* slot = norm_partial(v, first + j, parity);
+    LL16Value q = ll16_load(slot);
+    auto ready = [&] { return ll16_ready(q, flag) && (ll16_payload(q) >> 32) == high; };
+    bool got = ready();
+    if (!got && *ok) {
+      // (a timeout here names this rank and the block's last round: a sibling
+      // block of this rank did not finish that round)
+      const WaitContext ctx = wait_context(v, epoch);
+      got = bounded_wait(ctx, static_cast<uint32_t>(v.rank), [&] {
+        q = ll16_load(slot);
+        return ready();
+      });
+    }
+    if (!got) s_failed = 1;
+    s_seg[j] = __uint_as_float(static_cast<uint32_t>(ll16_payload(q)));
+  }
+  __syncthreads();
+  if (s_failed) *ok = false;
+  float total = 0.f;
+  for (int j = 0; j < a.segments; ++j) total += s_seg[j];
+  __syncthreads();  // s_seg is read by every thread before the next row reuses it
+  return total;
 }
 
 template <class T>
@@ -75,20 +152,23 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
                      reinterpret_cast<uintptr_t>(normed)) % 8) == 0;
   collective_prologue(a.base);
 
-  const int64_t G = gridDim.x;
-  const int64_t my_rows = a.tokens > blockIdx.x ? (a.tokens - blockIdx.x + G - 1) / G : 0;
-  const int64_t chunks = (a.row_units + a.chunk_units - 1) / a.chunk_units;
-  const BlockStart bs = block_begin(v, static_cast<uint32_t>(my_rows * chunks));
+  const Segment g = segment_of(a);
+  const int64_t rows_at_once = gridDim.x / a.segments;
+  const int64_t chunks = (g.u1 - g.u0 + a.chunk_units - 1) / a.chunk_units;
+  const BlockStart bs = block_begin(v, static_cast<uint32_t>(g.rows * chunks));
   if (bs.had_error) {
-    poison_rows<T>(a, blockIdx.x);
+    poison_segments<T>(a, g);
     return;
   }
+  // The tag of this call's row-waves: the last call's last block advanced it
+  // (and the kernel boundary made that visible to every block of this call).
+  const uint64_t tag0 = *reinterpret_cast<volatile uint64_t*>(&v.header->norm_tag);
   const int sig_lane = !v.signatures || n == 1 ? 0 : signature_lane(n);
   send_signature(a.base, sig_lane, n, bs);
   bool ok = signature_ok(a.base, sig_lane, n, bs);
   uint32_t round = 0;
-  for (int64_t r = 0; r < my_rows; ++r) {
-    const int64_t row = blockIdx.x + r * G;
+  for (int64_t k = 0; k < g.rows; ++k) {
+    const int64_t row = g.group + k * rows_at_once;
     const T* xr = x + row * a.hidden;
     const T* rr = res + row * a.hidden;
     T* nr = nres + row * a.hidden;
@@ -98,56 +178,71 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
       const int parity = static_cast<int>(epoch & 1);
       const Channel<Proto::kLL, T> ch(v, 0, static_cast<int>(blockIdx.x), parity, epoch);
       if (ll16_refresh_due(epoch)) ll_refresh(v, epoch, parity);
-      const int64_t u0 = c * a.chunk_units;
-      const int len = static_cast<int>(min(a.row_units - u0, a.chunk_units));
+      const int64_t c0 = g.u0 + c * a.chunk_units;
+      const int len = static_cast<int>(min(g.u1 - c0, a.chunk_units));
       for (int i = threadIdx.x; i < len; i += blockDim.x)
-        send_to_peers<0>(ch, n, i, load_unit<T, 8>(xr, u0 + i, a.hidden, vec));
+        send_to_peers<0>(ch, n, i, load_unit<T, 8>(xr, c0 + i, a.hidden, vec));
       for (int i = threadIdx.x; i < len; i += blockDim.x) {
-        const Unit<8> own = load_unit<T, 8>(xr, u0 + i, a.hidden, vec);
+        const Unit<8> own = load_unit<T, 8>(xr, c0 + i, a.hidden, vec);
         Unit<8> sum;
         if (ok) ok = reduce_slot<0, Proto::kLL, T, SumOp, 8>(ch, n, i, own, &sum);
         Unit<8> out = poison_unit<8>();
         if (ok) {
-          const Unit<8> rv = load_unit<T, 8>(rr, u0 + i, a.hidden, vec);
+          const Unit<8> rv = load_unit<T, 8>(rr, c0 + i, a.hidden, vec);
           T s[E], q[E], o[E];
           memcpy(s, &sum.p[0], 8);
           memcpy(q, &rv.p[0], 8);
 #pragma unroll
-          for (int k = 0; k < E; ++k) {
-            o[k] = Tr::from_acc(Tr::to_acc(s[k]) + Tr::to_acc(q[k]));
-            const float h = Tr::to_acc(o[k]);
+          for (int e = 0; e < E; ++e) {
+            o[e] = Tr::from_acc(Tr::to_acc(s[e]) + Tr::to_acc(q[e]));
+            const float h = Tr::to_acc(o[e]);
             squares += h * h;
           }
           memcpy(&out.p[0], o, 8);
         }
-        store_unit<T, 8>(nr, u0 + i, a.hidden, vec, out);
+        store_unit<T, 8>(nr, c0 + i, a.hidden, vec, out);
       }
       if (round_boundary(ok)) {  // (also orders this chunk's new_residual for the norm pass)
-        poison_rows<T>(a, blockIdx.x);
+        poison_segments<T>(a, g);
         return;
       }
     }
-    // The norm of the row: new_residual (this block wrote it) times the inverse
+    // The row's sum of squares from its S blocks, then the norm of this
+    // block's segment: new_residual (this block wrote it) times the inverse
     // root mean square, rounded, times the weight.
-    const float inv = rsqrtf(block_sum(squares) / static_cast<float>(a.hidden) + a.eps);
+    const float part = block_sum(squares);
+    const float total =
+        a.segments == 1 ? part
+                        : row_total(a, g, part, tag0 + static_cast<uint64_t>(k) + 1,
+                                    static_cast<int>(k & 1), bs.epoch + round - 1, &ok);
+    const float inv = rsqrtf(total / static_cast<float>(a.hidden) + a.eps);
     T* no = normed + row * a.hidden;
-    for (int64_t u = threadIdx.x; u < a.row_units; u += blockDim.x) {
+    for (int64_t u = g.u0 + threadIdx.x; u < g.u1; u += blockDim.x) {
       const Unit<8> hv = load_unit<T, 8>(nr, u, a.hidden, vec);
       const Unit<8> wv = load_unit<T, 8>(w, u, a.hidden, vec);
       T h[E], wt[E], o[E];
       memcpy(h, &hv.p[0], 8);
       memcpy(wt, &wv.p[0], 8);
 #pragma unroll
-      for (int k = 0; k < E; ++k) {
-        const T scaled = Tr::from_acc(Tr::to_acc(h[k]) * inv);
-        o[k] = Tr::from_acc(Tr::to_acc(scaled) * Tr::to_acc(wt[k]));
+      for (int e = 0; e < E; ++e) {
+        const T scaled = Tr::from_acc(Tr::to_acc(h[e]) * inv);
+        o[e] = Tr::from_acc(Tr::to_acc(scaled) * Tr::to_acc(wt[e]));
       }
       Unit<8> out;
       memcpy(&out.p[0], o, 8);
-      store_unit<T, 8>(no, u, a.hidden, vec, out);
+      store_unit<T, 8>(no, u, a.hidden, vec, ok ? out : poison_unit<8>());
     }
   }
-  if (block_failed(ok)) poison_rows<T>(a, blockIdx.x);
+  // The last block of the call moves the tag past this call's row-waves, so
+  // the next call's packets never match a stale one.
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&v.header->norm_done, 1ull) == gridDim.x - 1) {
+      v.header->norm_done = 0;
+      v.header->norm_tag = tag0 + static_cast<uint64_t>(a.waves);
+    }
+  }
+  if (block_failed(ok)) poison_segments<T>(a, g);
 }
 
 template <class T>
@@ -198,12 +293,29 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
   a.tokens = tokens;
   a.hidden = hidden;
   a.row_units = hidden * dtype_bytes(dtype) / 8;
-  a.chunk_units = std::min<int64_t>(a.row_units, view.geo.region_bytes / 8);
   a.eps = eps;
   a.base.signature = encode_signature(kRmsNormCollective, static_cast<uint32_t>(Algorithm::kOneShotLL),
                                       static_cast<uint32_t>(dtype), 0,
-                                      tokens * hidden);
-  const int64_t blocks = std::min<int64_t>({tokens, view.max_blocks, view.geo.blocks});
+                                      rmsnorm_signature_shape(tokens, hidden));
+  // The grid the one-shot all-reduce would take for the whole message (a block
+  // per kSegmentUnits units, up to the bound); few rows are cut into segments
+  // to fill it, many rows go a whole row per block in several row-waves.
+  const int64_t cap = std::min<int64_t>({view.max_blocks, view.geo.blocks, kMaxBlocks});
+  const int64_t target =
+      std::min<int64_t>(cap, (tokens * a.row_units + kSegmentUnits - 1) / kSegmentUnits);
+  int64_t segments = 1;
+  if (tokens < target) {
+    segments = std::min<int64_t>((a.row_units + kSegmentUnits - 1) / kSegmentUnits,
+                                 target / tokens);
+    segments = std::max<int64_t>(segments, 1);
+  }
+  a.seg_span = (a.row_units + segments - 1) / segments;
+  segments = (a.row_units + a.seg_span - 1) / a.seg_span;  // no segment left empty
+  const int64_t rows_at_once = std::max<int64_t>(1, std::min<int64_t>(tokens, cap / segments));
+  const int64_t blocks = segments * rows_at_once;
+  a.segments = static_cast<int>(segments);
+  a.waves = static_cast<int>((tokens + rows_at_once - 1) / rows_at_once);
+  a.chunk_units = std::min<int64_t>(a.seg_span, view.geo.region_bytes / 8);
   const int64_t work = std::min<int64_t>(a.chunk_units, kBlockThreads);
   const int64_t sig_warp = view.nranks > 1 && view.signatures ? 32 : 0;
   const int threads = static_cast<int>(std::min<int64_t>(kBlockThreads, ((work + 31) / 32) * 32 + sig_warp));

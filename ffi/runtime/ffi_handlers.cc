@@ -16,6 +16,10 @@
 //                             weight, order; results normed, new_residual, order
 //   jaxll_noop                launches one empty kernel (the custom-call floor the
 //                             benchmark measures; command-buffer compatible)
+//   jaxll_join                does nothing: joins the lowering's order chains
+//                             across loops, branches and functions (operands: a
+//                             value and what it must come after; command-buffer
+//                             compatible)
 #include "ffi_handlers.h"
 
 #include <cuda_runtime.h>
@@ -266,12 +270,23 @@ ffi::Error NoopExecute(cudaStream_t stream, ffi::AnyBuffer, ffi::Result<ffi::Any
   return ffi::Error::Success();
 }
 
+// The join of the lowering's order chains (jaxll/lowering.py): its result
+// depends on all its operands, and XLA keeps that dependency under every
+// scheduler and command-buffer mode, unlike an optimization barrier, which it
+// removes after scheduling. Nothing happens on the device: where the result
+// stands for operand 0 it aliases it (the lowering asks for that), and an order
+// value is never read.
+ffi::Error JoinExecute(ffi::AnyBuffer, ffi::RemainingArgs, ffi::Result<ffi::AnyBuffer>) {
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace jaxll
 
 using jaxll::AllReduceExecute;
 using jaxll::CheckExecute;
 using jaxll::DeviceOrdinalExecute;
+using jaxll::JoinExecute;
 using jaxll::NoopExecute;
 using jaxll::RmsNormExecute;
 using jaxll::VirtualAllReduceExecute;
@@ -315,6 +330,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_noop_handler, NoopExecute,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_join_handler, JoinExecute,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .RemainingArgs()
                                   .Ret<ffi::AnyBuffer>(),
                               {ffi::Traits::kCmdBufferCompatible});
 

@@ -75,6 +75,7 @@ NB_MODULE(_jaxll, m) {
     d["jaxll_noop"] = handler_capsule(&jaxll_noop_handler);
     d["jaxll_check"] = handler_capsule(&jaxll_check_handler);
     d["jaxll_all_reduce_rmsnorm"] = handler_capsule(&jaxll_all_reduce_rmsnorm_handler);
+    d["jaxll_join"] = handler_capsule(&jaxll_join_handler);
     return d;
   }, "FFI handler capsules by target name.");
 
@@ -91,7 +92,7 @@ NB_MODULE(_jaxll, m) {
     return ok != 0;
   }, "a"_a, "b"_a);
 
-  m.def("create_comm", [](const std::vector<std::vector<int>>& groups, bool virtual_ranks,
+  m.def("create_workspace", [](const std::vector<std::vector<int>>& groups, bool virtual_ranks,
                           size_t scratch_bytes, uint64_t timeout_ms, int max_blocks,
                           bool shared_gpu) {
     WorkspaceConfig cfg;
@@ -105,12 +106,12 @@ NB_MODULE(_jaxll, m) {
         "Builds a workspace over groups of CUDA ordinals (-1: a rank in another process, "
         "then max_blocks must be the bound every process agreed on; shared_gpu: ranks of "
         "several processes share a GPU); returns its id.");
-  m.def("comm_ipc_handles", [](int64_t id) {
+  m.def("workspace_ipc_handles", [](int64_t id) {
     std::vector<nb::bytes> out;
     for (const std::string& h : get_comm(id).ipc_handles()) out.emplace_back(h.data(), h.size());
     return out;
   }, "id"_a, "CUDA IPC handles of the local ranks' memory, in (group, rank) order.");
-  m.def("comm_connect", [](int64_t id, const std::vector<std::vector<nb::bytes>>& handles) {
+  m.def("workspace_connect", [](int64_t id, const std::vector<std::vector<nb::bytes>>& handles) {
     std::vector<std::vector<std::string>> hs;
     for (const auto& g : handles) {
       hs.emplace_back();
@@ -135,7 +136,7 @@ NB_MODULE(_jaxll, m) {
   }, "ordinal"_a, "Number of SMs of a device.");
   m.def("device_uuid", &device_uuid, "ordinal"_a);
 
-  m.def("comm_info", [](int64_t id) {
+  m.def("workspace_info", [](int64_t id) {
     Workspace& c = get_comm(id);
     nb::dict d;
     d["id"] = c.id();
@@ -159,7 +160,7 @@ NB_MODULE(_jaxll, m) {
     return d;
   }, "id"_a);
 
-  m.def("comm_errors", [](int64_t id) {
+  m.def("workspace_errors", [](int64_t id) {
     Workspace& c = get_comm(id);
     nb::list out;
     for (int g = 0; g < c.group_count(); ++g) {
@@ -174,7 +175,7 @@ NB_MODULE(_jaxll, m) {
     return out;
   }, "id"_a, "Errors recorded by the workspace's kernels: (group, rank, ordinal, word, message).");
 
-  m.def("comm_reset", [](int64_t id) {
+  m.def("workspace_reset", [](int64_t id) {
     Workspace& c = get_comm(id);
     nb::gil_scoped_release release;
     c.reset();
@@ -182,7 +183,7 @@ NB_MODULE(_jaxll, m) {
         "Waits for the workspace's local devices to go idle, then puts its local ranks back in "
         "the state of a new workspace (every rank of every group must be reset before any "
         "runs a call again).");
-  m.def("comm_quiesce", [](int64_t id) {
+  m.def("workspace_quiesce", [](int64_t id) {
     Workspace& c = get_comm(id);
     nb::gil_scoped_release release;
     c.quiesce();
@@ -201,7 +202,7 @@ NB_MODULE(_jaxll, m) {
   }, "id"_a, "epoch"_a,
         "Testing hook: sets every block's epoch, as if that many rounds had run (devices idle).");
 
-  m.def("free_comm", [](int64_t id) {
+  m.def("free_workspace", [](int64_t id) {
     nb::gil_scoped_release release;
     return workspace_free(id);
   }, "id"_a);

@@ -25,7 +25,7 @@ calls = int(sys.argv[1]) if len(sys.argv) > 1 else 12
 ranks = [int(r) for r in sys.argv[2].split(",")] if len(sys.argv) > 2 else [2, 3]
 bad = 0
 for n in ranks:
-  comm = ext.create_comm([[0] * n], True, 4096, 20000)
+  comm = ext.create_workspace([[0] * n], True, 4096, 20000)
   counts = [int(c) for c in np.random.default_rng(n).integers(1, 6000, size=calls)]
   for name in algorithms.KERNELS:
     for dtype in ("float32", "bfloat16"):
@@ -49,27 +49,27 @@ for n in ranks:
     except RuntimeError as e:
       print(n, "rmsnorm", dtype, hidden, e, flush=True)
       bad += 1
-  ext.free_comm(comm)
+  ext.free_workspace(comm)
   if n == 1:
     continue
   # error paths: a mismatch, a rank that never arrives, then a reset
-  comm = ext.create_comm([[0] * n], True, 4096, 3000)
+  comm = ext.create_workspace([[0] * n], True, 4096, 3000)
   ll, sen = algorithms.SPECS["oneshot_ll"].code, algorithms.SPECS["twoshot_sentinel"].code
   spec = [(ll, 0, 0, 5000, False, 0)] * n
   spec[-1] = (sen, 0, 0, 3000, False, 0)
   got = ext.virtual_calls(comm, spec)
-  kinds = {int(ext.decode_error(w)[0]) for *_, w, _ in ext.comm_errors(comm)}
+  kinds = {int(ext.decode_error(w)[0]) for *_, w, _ in ext.workspace_errors(comm)}
   print(n, "mismatch", got, kinds, flush=True)
   bad += int(got != [5000] * (n - 1) + [3000] or kinds != {2})
-  ext.comm_reset(comm)
+  ext.workspace_reset(comm)
   spec = [(sen, 0, 0, 5000, r == 0, 0) for r in range(n)]
   got = ext.virtual_calls(comm, spec)
   print(n, "skip", got, flush=True)
-  bad += int(got != [0] + [5000] * (n - 1) or not ext.comm_errors(comm))
-  ext.comm_reset(comm)
+  bad += int(got != [0] + [5000] * (n - 1) or not ext.workspace_errors(comm))
+  ext.workspace_reset(comm)
   got = ext.virtual_calls(comm, [(ll, 0, 0, 5000, False, 0)] * n)
   print(n, "after reset", got, flush=True)
-  bad += int(got != [0] * n or bool(ext.comm_errors(comm)))
-  ext.free_comm(comm)
+  bad += int(got != [0] * n or bool(ext.workspace_errors(comm)))
+  ext.free_workspace(comm)
 print("SANITIZER_RUN", "FAILED" if bad else "OK", flush=True)
 sys.exit(1 if bad else 0)

@@ -36,7 +36,7 @@ out = {"error": res["error"][:300], "mismatches": res["mismatches"],
 if res["error"]:
   # Which call each rank's error is about: replay the per-block epochs of the
   # call sequence with the host's launch plan.
-  info = ext.comm_info(jt.virtual_workspace(8, config=cfg).id)
+  info = ext.workspace_info(jt.virtual_workspace(8, config=cfg).id)
   where = {}
   epochs = {}
   for c, count in enumerate(counts):

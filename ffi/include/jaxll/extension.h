@@ -28,7 +28,7 @@
 
 namespace jaxll {
 
-constexpr uint32_t kExtensionApiVersion = 1;
+constexpr uint32_t kExtensionApiVersion = 2;  // 2: WorkspaceHeader gained the row-norm exchange
 
 // What get_rank_view returns.
 enum ExtensionStatus : int {

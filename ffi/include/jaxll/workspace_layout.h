@@ -61,19 +61,30 @@ constexpr uint64_t kLLRefreshEpochs = 1ull << 30;
 struct WorkspaceHeader {
   // Nonzero once a kernel of this rank gave up (see error_word.h).
   unsigned long long error;
-  uint64_t reserved[15];
+  // Row-norm exchange of the fused all-reduce + RMSNorm kernel (blocks of one
+  // rank that share a row combine their partial sums of squares): the tag of
+  // its last row-wave so far, and how many blocks of the running call are done.
+  uint64_t norm_tag;
+  unsigned long long norm_done;
+  uint64_t reserved[13];
   // Epoch of each block index: the number of rounds that block index has served,
   // over every call and algorithm. Only ever incremented, by the kernels themselves.
   uint64_t epochs[kMaxBlocks];
   // Calls each block index has served (modulo 2^32). Its parity picks the
   // signature slot a call uses (all_reduce_common.cuh, "Call signatures").
   uint32_t calls[kMaxBlocks];
+  // Each block's partial sum of squares for the row it holds, by row-wave
+  // parity: LL16 packets (payload: the float bits and the tag's high half;
+  // flag: the tag's low half), read by the other blocks of the same row.
+  alignas(16) uint64_t norm_partials[kMaxBlocks][2][2];
   // Base address (as seen from this rank's device) of every rank's workspace.
   void* peer_bases[kMaxRanks];
 };
 
 constexpr size_t kHeaderBytes = 4096;
 static_assert(sizeof(WorkspaceHeader) <= kHeaderBytes, "header too large");
+static_assert(offsetof(WorkspaceHeader, norm_partials) % 16 == 0,
+              "LL16 packets need 16-byte alignment");
 
 // Words of a rank's host-visible error record (mapped pinned memory): the error
 // word, then for a mismatch this rank's call signature and the peer's.

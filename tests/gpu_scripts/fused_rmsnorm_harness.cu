@@ -1,0 +1,489 @@
+// Standalone GPU check of the fused all-reduce + RMSNorm kernel on virtual ranks
+// (one GPU, N rank workspaces, N streams), without the jaxll runtime: mixed
+// shapes back to back with no host sync, PDL on and off, small scratch, a
+// skipped rank then a reset, long sequences. Build and run from the repo root:
+//   nvcc -std=c++17 -O2 -arch=sm_90 -Iffi/include -Iffi/kernels \
+//     tests/gpu_scripts/fused_rmsnorm_harness.cu ffi/kernels/all_reduce_rmsnorm.cu -o /tmp/h
+//   /tmp/h small|err|stress|seq|all
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+#include <cstddef>
+#include <algorithm>
+
+#include "all_reduce.h"
+#include "all_reduce_kernels.h"
+#include "jaxll/workspace_layout.h"
+#include "jaxll/rank_view.h"
+
+#define CK(x)                                                                       \
+  do {                                                                              \
+    cudaError_t e_ = (x);                                                           \
+    if (e_ != cudaSuccess) {                                                        \
+      fprintf(stderr, "CUDA %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, \
+              __LINE__, #x);                                                        \
+      exit(2);                                                                      \
+    }                                                                               \
+  } while (0)
+
+namespace jaxll {
+int dtype_bytes(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kBF16: return 2;
+    case DType::kF16: return 2;
+    case DType::kI32: return 4;
+  }
+  return 0;
+}
+bool launches_early(const RankView& view, int64_t blocks) {
+  return view.pdl && 2 * blocks <= view.max_blocks;
+}
+cudaError_t launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, void* args,
+                              cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  if (pdl) {
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  void* params[] = {args};
+  return cudaLaunchKernelExC(&config, fn, params);
+}
+}  // namespace jaxll
+
+using namespace jaxll;
+
+__global__ void delay_kernel(uint64_t ns) {
+  uint64_t t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  for (;;) {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - t0 > ns) break;
+  }
+}
+
+struct VRank {
+  char* base = nullptr;
+  WorkspaceHeader* header = nullptr;
+  unsigned long long* host_err = nullptr;
+  RankView view{};
+  cudaStream_t s{};
+};
+
+static int g_bound = 0;
+static int g_fail = 0;
+
+struct Group {
+  int n = 0;
+  ScratchGeometry geo;
+  std::vector<VRank> r;
+  void clear_rank(VRank& k) {
+    CK(cudaMemset(k.base, 0, geo.total_bytes));
+    CK(cudaMemset(k.base + geo.sentinel_offset, kSentinelByte, geo.plain_offset - geo.sentinel_offset));
+    CK(cudaMemset(k.header, 0, offsetof(WorkspaceHeader, peer_bases)));
+    const size_t packets = static_cast<size_t>(geo.blocks) * 2 * geo.nranks;
+    std::vector<uint64_t> idle(2 * packets);
+    for (size_t i = 0; i < packets; ++i) { idle[2 * i] = 0; idle[2 * i + 1] = 1ull << 32; }
+    CK(cudaMemcpy(k.base + geo.sig_offset, idle.data(), idle.size() * 8, cudaMemcpyHostToDevice));
+    for (int i = 0; i < kHostErrorWords; ++i) ((volatile unsigned long long*)k.host_err)[i] = 0;
+    CK(cudaDeviceSynchronize());
+  }
+  void init(int nranks, size_t scratch, int pdl, int signatures, uint64_t timeout_ms) {
+    n = nranks;
+    int max_blocks = std::min(kMaxBlocks, g_bound / n);
+    size_t region = (scratch + max_blocks - 1) / max_blocks;
+    geo = make_geometry(n, max_blocks, region);
+    r.resize(n);
+    for (int i = 0; i < n; ++i) {
+      CK(cudaMalloc(&r[i].base, geo.total_bytes));
+      CK(cudaMalloc(&r[i].header, 4096));
+      CK(cudaMemset(r[i].header, 0, 4096));
+      CK(cudaHostAlloc(&r[i].host_err, kHostErrorWords * 8, cudaHostAllocMapped));
+      CK(cudaStreamCreateWithFlags(&r[i].s, cudaStreamNonBlocking));
+    }
+    for (int i = 0; i < n; ++i) {
+      RankView& v = r[i].view;
+      v.header = r[i].header;
+      unsigned long long* dev_err = nullptr;
+      CK(cudaHostGetDevicePointer((void**)&dev_err, r[i].host_err, 0));
+      v.host_error = dev_err;
+      for (int p = 0; p < n; ++p) v.peers.base[p] = r[p].base;
+      v.geo = geo;
+      v.rank = i;
+      v.nranks = n;
+      v.max_blocks = max_blocks;
+      v.pdl = pdl;
+      v.timeout_ns = timeout_ms * 1000000ull;
+      v.trap = 0;
+      v.signatures = signatures;
+      clear_rank(r[i]);
+    }
+  }
+  void destroy() {
+    for (auto& k : r) {
+      cudaFree(k.base);
+      cudaFree(k.header);
+      cudaFreeHost(k.host_err);
+      cudaStreamDestroy(k.s);
+    }
+    r.clear();
+  }
+  void reset() {
+    CK(cudaDeviceSynchronize());
+    for (auto& k : r) clear_rank(k);
+  }
+};
+
+// ---- host element conversion ----
+static uint16_t f2bf(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffff) > 0x7f800000) return 0x7fc0;
+  u += 0x7fff + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+static float bf2f(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static float round_dt(DType dt, float f) {
+  if (dt == DType::kF32) return f;
+  if (dt == DType::kBF16) return bf2f(f2bf(f));
+  return __half2float(__float2half_rn(f));
+}
+static void store_dt(DType dt, void* buf, size_t i, float f) {
+  if (dt == DType::kF32) ((float*)buf)[i] = f;
+  else if (dt == DType::kBF16) ((uint16_t*)buf)[i] = f2bf(f);
+  else { __half h = __float2half_rn(f); memcpy((char*)buf + 2 * i, &h, 2); }
+}
+static float load_dt(DType dt, const void* buf, size_t i) {
+  if (dt == DType::kF32) return ((const float*)buf)[i];
+  if (dt == DType::kBF16) return bf2f(((const uint16_t*)buf)[i]);
+  __half h; memcpy(&h, (const char*)buf + 2 * i, 2); return __half2float(h);
+}
+
+// Host replica of the planning (to predict waves).
+static int64_t plan_waves(const RankView& view, int64_t tokens, int64_t hidden, DType dt,
+                          int64_t* segs_out, int64_t* blocks_out) {
+  const int64_t R = hidden * dtype_bytes(dt) / 8;
+  const int64_t cap = std::min<int64_t>({view.max_blocks, view.geo.blocks, kMaxBlocks});
+  const int64_t target = std::min<int64_t>(cap, (tokens * R + 127) / 128);
+  int64_t S = 1;
+  if (tokens < target) S = std::max<int64_t>(1, std::min<int64_t>((R + 127) / 128, target / tokens));
+  const int64_t span = (R + S - 1) / S;
+  S = (R + span - 1) / span;
+  const int64_t W = std::max<int64_t>(1, std::min<int64_t>(tokens, cap / S));
+  *segs_out = S;
+  *blocks_out = S * W;
+  return (tokens + W - 1) / W;
+}
+
+struct Call {
+  DType dt;
+  int64_t tokens, hidden;
+  float eps;
+  std::vector<std::vector<char>> x;  // per rank
+  std::vector<char> res, w;
+  char *dx = nullptr, *dres = nullptr, *dw = nullptr, *dnormed = nullptr, *dnew = nullptr;
+  size_t block_bytes = 0;
+};
+
+static void make_call(Call& c, int n, DType dt, int64_t tokens, int64_t hidden, uint64_t seed) {
+  c.dt = dt; c.tokens = tokens; c.hidden = hidden; c.eps = 1e-5f;
+  const size_t eb = dtype_bytes(dt);
+  const size_t cnt = tokens * hidden;
+  c.block_bytes = cnt * eb;
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  c.x.assign(n, std::vector<char>(c.block_bytes));
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < cnt; ++i) store_dt(dt, c.x[r].data(), i, nd(g));
+  c.res.resize(c.block_bytes);
+  for (size_t i = 0; i < cnt; ++i) store_dt(dt, c.res.data(), i, nd(g));
+  c.w.resize(hidden * eb);
+  for (int64_t i = 0; i < hidden; ++i) store_dt(dt, c.w.data(), i, 1.f + 0.1f * nd(g));
+  CK(cudaMalloc(&c.dx, c.block_bytes * n));
+  CK(cudaMalloc(&c.dres, c.block_bytes));
+  CK(cudaMalloc(&c.dw, hidden * eb));
+  CK(cudaMalloc(&c.dnormed, c.block_bytes * n));
+  CK(cudaMalloc(&c.dnew, c.block_bytes * n));
+  for (int r = 0; r < n; ++r)
+    CK(cudaMemcpy(c.dx + r * c.block_bytes, c.x[r].data(), c.block_bytes, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(c.dres, c.res.data(), c.block_bytes, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(c.dw, c.w.data(), hidden * eb, cudaMemcpyHostToDevice));
+  CK(cudaMemset(c.dnormed, 0x5a, c.block_bytes * n));
+  CK(cudaMemset(c.dnew, 0x5a, c.block_bytes * n));
+}
+
+static void launch_call(Group& G, Call& c, int skip_rank = -1) {
+  for (int r = 0; r < G.n; ++r) {
+    if (r == skip_rank) continue;
+    CK(launch_all_reduce_rmsnorm(c.dt, G.r[r].view, c.dx + r * c.block_bytes, c.dres, c.dw,
+                                 c.dnormed + r * c.block_bytes, c.dnew + r * c.block_bytes,
+                                 c.tokens, c.hidden, c.eps, G.r[r].s));
+  }
+}
+
+// Returns number of problems.
+static int check_call(Group& G, Call& c, const char* what) {
+  const int n = G.n;
+  const size_t cnt = c.tokens * c.hidden;
+  std::vector<char> normed(c.block_bytes * n), nw(c.block_bytes * n);
+  CK(cudaMemcpy(normed.data(), c.dnormed, normed.size(), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(nw.data(), c.dnew, nw.size(), cudaMemcpyDeviceToHost));
+  int bad = 0;
+  // reference new_residual
+  std::vector<float> ref_new(cnt);
+  for (size_t i = 0; i < cnt; ++i) {
+    float s = load_dt(c.dt, c.x[0].data(), i);
+    for (int r = 1; r < n; ++r) s = s + load_dt(c.dt, c.x[r].data(), i);
+    s = round_dt(c.dt, s);
+    ref_new[i] = round_dt(c.dt, s + load_dt(c.dt, c.res.data(), i));
+  }
+  double maxrel = 0;
+  const double tol = c.dt == DType::kF32 ? 4e-6 : (c.dt == DType::kBF16 ? 3.2e-2 : 4e-3);
+  for (int r = 0; r < n && bad < 5; ++r) {
+    if (memcmp(normed.data() + r * c.block_bytes, normed.data(), c.block_bytes) != 0) {
+      printf("  FAIL %s: normed of rank %d differs bitwise from rank 0\n", what, r);
+      ++bad;
+    }
+    for (size_t i = 0; i < cnt; ++i) {
+      float got = load_dt(c.dt, nw.data() + r * c.block_bytes, i);
+      if (memcmp(&got, &ref_new[i], 4) != 0 && !(std::isnan(got) && std::isnan(ref_new[i]))) {
+        printf("  FAIL %s: new_residual rank %d elem %zu (row %zu col %zu) got %g want %g\n", what,
+               r, i, i / c.hidden, i % c.hidden, got, ref_new[i]);
+        ++bad;
+        break;
+      }
+    }
+  }
+  for (int64_t t = 0; t < c.tokens && bad < 5; ++t) {
+    double ss = 0;
+    for (int64_t h = 0; h < c.hidden; ++h) ss += double(ref_new[t * c.hidden + h]) * ref_new[t * c.hidden + h];
+    double inv = 1.0 / std::sqrt(ss / c.hidden + c.eps);
+    for (int64_t h = 0; h < c.hidden; ++h) {
+      size_t i = t * c.hidden + h;
+      float want = round_dt(c.dt, round_dt(c.dt, float(ref_new[i] * inv)) * load_dt(c.dt, c.w.data(), h));
+      float got = load_dt(c.dt, normed.data(), i);
+      double rel = std::fabs(double(got) - want) / (std::fabs(double(want)) + 1.0);
+      if (!(rel <= tol)) {
+        printf("  FAIL %s: normed row %ld col %ld got %g want %g\n", what, (long)t, (long)h, got, want);
+        ++bad;
+        break;
+      }
+      maxrel = std::max(maxrel, rel);
+    }
+  }
+  return bad;
+}
+
+static void free_call(Call& c) {
+  cudaFree(c.dx); cudaFree(c.dres); cudaFree(c.dw); cudaFree(c.dnormed); cudaFree(c.dnew);
+}
+
+static int check_errors(Group& G, const char* what) {
+  int bad = 0;
+  for (int r = 0; r < G.n; ++r) {
+    unsigned long long e = ((volatile unsigned long long*)G.r[r].host_err)[0];
+    if (e) { printf("  FAIL %s: rank %d error word %#llx\n", what, r, e); ++bad; }
+  }
+  return bad;
+}
+
+static void read_hdr(Group& G, int r, uint64_t* tag, uint64_t* done) {
+  CK(cudaMemcpy(tag, &G.r[r].header->norm_tag, 8, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(done, &G.r[r].header->norm_done, 8, cudaMemcpyDeviceToHost));
+}
+
+int main(int argc, char** argv) {
+  int dev = 0;
+  CK(cudaSetDevice(dev));
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  int occ = 1 << 30;
+  for (const void* fn : rmsnorm_kernel_functions()) {
+    int b = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, kBlockThreads, 0));
+    occ = std::min(occ, b);
+  }
+  g_bound = sms * occ;
+  printf("SMs %d, occupancy %d, bound %d, sizeof(WorkspaceHeader) %zu, offsetof norm_partials %zu\n", sms,
+         occ, g_bound, sizeof(WorkspaceHeader), offsetof(WorkspaceHeader, norm_partials));
+  const char* mode = argc > 1 ? argv[1] : "all";
+  const std::string m(mode);
+  const DType dts[3] = {DType::kBF16, DType::kF32, DType::kF16};
+  const int64_t toks[] = {1, 2, 3, 5, 7, 16, 33, 64, 100, 257};
+  const int64_t hids[] = {12, 128, 1000, 4096, 5120, 8192, 16384};
+  int total_bad = 0;
+  uint64_t seed = 1;
+
+  if (m == "all" || m == "seq") {
+    for (int n : {1, 2, 3, 4, 8}) {
+      for (int pdl : {0, 1}) {
+        for (size_t scratch : {size_t(512 * 1024), size_t(2048)}) {
+          for (int sig : {1, 0}) {
+            if (sig == 0 && (pdl == 0 || scratch == 2048)) continue;
+            Group G;
+            G.init(n, scratch, pdl, sig, 3000);
+            uint64_t expect_tag = 0;
+            int calls = 0;
+            // A burst of back-to-back calls of different shapes (no host sync in between).
+            std::vector<Call> burst;
+            int k = 0;
+            for (int64_t t : toks)
+              for (int64_t h : hids) {
+                if (t * h * n > 40'000'000) continue;
+                DType dt = dts[(k++) % 3];
+                if (dt == DType::kF16 && h == 12) dt = DType::kF32;
+                burst.emplace_back();
+                make_call(burst.back(), n, dt, t, h, seed++);
+              }
+            CK(cudaDeviceSynchronize());
+            std::mt19937 rg(n * 100 + pdl * 10 + (scratch == 2048));
+            for (auto& c : burst) {
+              // random delay on a random rank
+              if (n > 1 && rg() % 4 == 0) delay_kernel<<<1, 1, 0, G.r[rg() % n].s>>>(rg() % 200000);
+              launch_call(G, c);
+              int64_t S, B;
+              expect_tag += plan_waves(G.r[0].view, c.tokens, c.hidden, c.dt, &S, &B);
+              ++calls;
+            }
+            for (auto& k2 : G.r) CK(cudaStreamSynchronize(k2.s));
+            CK(cudaGetLastError());
+            char what[256];
+            int bad = check_errors(G, "burst");
+            for (size_t i = 0; i < burst.size(); ++i) {
+              snprintf(what, sizeof what, "n=%d pdl=%d scratch=%zu sig=%d tokens=%ld hidden=%ld dt=%d", n,
+                       pdl, scratch, sig, (long)burst[i].tokens, (long)burst[i].hidden, (int)burst[i].dt);
+              bad += check_call(G, burst[i], what);
+              free_call(burst[i]);
+            }
+            for (int r = 0; r < n; ++r) {
+              uint64_t tag, done;
+              read_hdr(G, r, &tag, &done);
+              if (tag != expect_tag || done != 0) {
+                printf("  FAIL header rank %d: norm_tag %llu (want %llu) norm_done %llu\n", r,
+                       (unsigned long long)tag, (unsigned long long)expect_tag, (unsigned long long)done);
+                ++bad;
+              }
+            }
+            printf("n=%d pdl=%d scratch=%zu sig=%d: %d calls, %s\n", n, pdl, scratch, sig, calls,
+                   bad ? "FAILED" : "ok");
+            fflush(stdout);
+            total_bad += bad;
+            G.destroy();
+          }
+        }
+      }
+    }
+  }
+
+  if (m == "small") {
+    for (int n : {1, 2}) {
+      Group G;
+      G.init(n, 2048, 0, 1, 60000);
+      const int64_t sh[4][2] = {{1, 4096}, {3, 1000}, {70, 128}, {2, 8192}};
+      for (int i = 0; i < 4; ++i) {
+        Call c;
+        make_call(c, n, i % 2 ? DType::kF32 : DType::kBF16, sh[i][0], sh[i][1], seed++);
+        launch_call(G, c);
+        CK(cudaDeviceSynchronize());
+        total_bad += check_errors(G, "small") + check_call(G, c, "small");
+        free_call(c);
+      }
+      printf("small n=%d done\n", n);
+      G.destroy();
+    }
+  }
+
+  if (m == "all" || m == "err") {
+    // Error path: one rank never arrives; then reset and run again.
+    for (int n : {2, 4}) {
+      Group G;
+      G.init(n, 512 * 1024, 1, 1, 300);
+      Call c;
+      make_call(c, n, DType::kBF16, 2, 4096, seed++);
+      launch_call(G, c, /*skip_rank=*/n - 1);
+      CK(cudaDeviceSynchronize());
+      int errs = 0;
+      for (int r = 0; r < n - 1; ++r) errs += ((volatile unsigned long long*)G.r[r].host_err)[0] != 0;
+      uint64_t tag, done;
+      read_hdr(G, 0, &tag, &done);
+      printf("err n=%d: ranks with error %d/%d, rank0 norm_tag %llu norm_done %llu\n", n, errs, n - 1,
+             (unsigned long long)tag, (unsigned long long)done);
+      // outputs of rank 0 must be poisoned (all-ones bytes)
+      std::vector<unsigned char> o(c.block_bytes);
+      CK(cudaMemcpy(o.data(), c.dnormed, c.block_bytes, cudaMemcpyDeviceToHost));
+      size_t not_poison = 0;
+      for (auto b : o) not_poison += b != 0xFF;
+      printf("err n=%d: rank0 normed bytes not poisoned: %zu of %zu\n", n, not_poison, o.size());
+      if (errs != n - 1 || not_poison) ++total_bad;
+      free_call(c);
+      // a later call before reset: every rank poisons
+      G.reset();
+      for (int i = 0; i < 5; ++i) {
+        Call c2;
+        make_call(c2, n, i % 2 ? DType::kF32 : DType::kBF16, 1 + i * 3, 4096, seed++);
+        launch_call(G, c2);
+        CK(cudaDeviceSynchronize());
+        int bad = check_errors(G, "after reset") + check_call(G, c2, "after reset");
+        free_call(c2);
+        total_bad += bad;
+        if (bad) printf("err n=%d: after reset call %d FAILED\n", n, i);
+      }
+      printf("err n=%d: after reset ok\n", n);
+      G.destroy();
+    }
+  }
+
+  if (m == "all" || m == "stress") {
+    // Many back-to-back calls of alternating shapes (tags, parities, PDL) for n = 8 and 2.
+    for (int n : {8, 2}) {
+      Group G;
+      G.init(n, 512 * 1024, 1, 1, 3000);
+      std::vector<Call> cs(6);
+      const int64_t shapes[6][2] = {{1, 4096}, {3, 8192}, {64, 4096}, {1, 128}, {100, 1000}, {2, 16384}};
+      for (int i = 0; i < 6; ++i) make_call(cs[i], n, DType::kBF16, shapes[i][0], shapes[i][1], seed++);
+      CK(cudaDeviceSynchronize());
+      uint64_t expect_tag = 0;
+      int bad = 0;
+      for (int rep = 0; rep < 300; ++rep) {
+        for (int i = 0; i < 6; ++i) {
+          launch_call(G, cs[i]);
+          int64_t S, B;
+          expect_tag += plan_waves(G.r[0].view, cs[i].tokens, cs[i].hidden, cs[i].dt, &S, &B);
+        }
+      }
+      CK(cudaDeviceSynchronize());
+      bad += check_errors(G, "stress");
+      for (int i = 0; i < 6; ++i) bad += check_call(G, cs[i], "stress");
+      uint64_t tag, done;
+      read_hdr(G, 0, &tag, &done);
+      if (tag != expect_tag || done) ++bad;
+      printf("stress n=%d: 1800 calls, norm_tag %llu (want %llu): %s\n", n, (unsigned long long)tag,
+             (unsigned long long)expect_tag, bad ? "FAILED" : "ok");
+      for (auto& c : cs) free_call(c);
+      total_bad += bad;
+      G.destroy();
+    }
+  }
+  printf("TOTAL %s (%d problems)\n", total_bad ? "FAILED" : "OK", total_bad);
+  return total_bad ? 1 : 0;
+}
