@@ -155,14 +155,15 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
   const Segment g = segment_of(a);
   const int64_t rows_at_once = gridDim.x / a.segments;
   const int64_t chunks = (g.u1 - g.u0 + a.chunk_units - 1) / a.chunk_units;
+  // The tag of this call's row-waves: the last call's last block advanced it
+  // (and the kernel boundary made that visible to every block of this call).
+  // Loaded before block_begin's loads so that the two latencies overlap.
+  const uint64_t tag0 = *reinterpret_cast<volatile uint64_t*>(&v.header->norm_tag);
   const BlockStart bs = block_begin(v, static_cast<uint32_t>(g.rows * chunks));
   if (bs.had_error) {
     poison_segments<T>(a, g);
     return;
   }
-  // The tag of this call's row-waves: the last call's last block advanced it
-  // (and the kernel boundary made that visible to every block of this call).
-  const uint64_t tag0 = *reinterpret_cast<volatile uint64_t*>(&v.header->norm_tag);
   const int sig_lane = !v.signatures || n == 1 ? 0 : signature_lane(n);
   send_signature(a.base, sig_lane, n, bs);
   bool ok = signature_ok(a.base, sig_lane, n, bs);
@@ -184,11 +185,13 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
         send_to_peers<0>(ch, n, i, load_unit<T, 8>(xr, c0 + i, a.hidden, vec));
       for (int i = threadIdx.x; i < len; i += blockDim.x) {
         const Unit<8> own = load_unit<T, 8>(xr, c0 + i, a.hidden, vec);
+        // (the residual is loaded before the wait for the peers, so its
+        // latency hides behind theirs)
+        const Unit<8> rv = load_unit<T, 8>(rr, c0 + i, a.hidden, vec);
         Unit<8> sum;
         if (ok) ok = reduce_slot<0, Proto::kLL, T, SumOp, 8>(ch, n, i, own, &sum);
         Unit<8> out = poison_unit<8>();
         if (ok) {
-          const Unit<8> rv = load_unit<T, 8>(rr, c0 + i, a.hidden, vec);
           T s[E], q[E], o[E];
           memcpy(s, &sum.p[0], 8);
           memcpy(q, &rv.p[0], 8);
@@ -202,7 +205,12 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
         }
         store_unit<T, 8>(nr, c0 + i, a.hidden, vec, out);
       }
-      if (round_boundary(ok)) {  // (also orders this chunk's new_residual for the norm pass)
+      // Between rounds the boundary orders this round's receives before the
+      // next round's sends; after the call's last round the block only has to
+      // agree on `ok` (and __syncthreads orders this block's new_residual
+      // stores before the norm pass reads them): no system-scope fence.
+      const bool last_round = k + 1 == g.rows && c + 1 == chunks;
+      if (last_round ? block_failed(ok) : round_boundary(ok)) {
         poison_segments<T>(a, g);
         return;
       }
