@@ -1,10 +1,13 @@
 """jaxll.all_reduce_rmsnorm: the fused kernel (algorithm="fused") against the
 composition (the one-shot LL all-reduce, then XLA's fused norm math), per call,
-in steady state: a jitted chain of --chain steps ``(n, r) = f(x, r, w)`` feeding
-the new residual back, compiled once, run --runs times back to back with one
+in steady state: a jitted chain of --chain steps ``(x, r) = f(x, r, w)`` (as in
+a decoder, where the normed output feeds the next layer's matmul and the new
+residual its residual add; here normed stands in for the next layer's partial
+sums), compiled once, run --runs times back to back with one
 sync at the end, repeated --reps times; the median per step is kept. Runs in N
 jax.distributed processes (jaxll.launch; they share GPU 0 where there are fewer
-GPUs), shapes of decode steps (tokens x hidden).
+GPUs), shapes of decode steps (tokens x hidden). --profile adds the device
+time per kernel of one run of each chain (process 0, JAX's profiler).
 
   python benchmarks/fused_rmsnorm.py --processes 2 --json out.json
 """
@@ -53,27 +56,38 @@ def worker(opts) -> None:
     composed = "auto" if opts.cpu else "oneshot_ll"  # (a forced kernel refuses CPU)
     for name, algorithm in (("composed", composed), ("fused", "fused")):
       def chain(x, r, w, algorithm=algorithm):
-        def step(_, r):
-          normed, new_r = jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm=algorithm)
-          return new_r + normed * 0  # keep normed alive, feed the residual back
-        for i in range(opts.chain):  # unrolled: a while loop would sync the host every step
-          r = step(i, r)
-        return r
+        for _ in range(opts.chain):  # unrolled: a while loop would sync the host every step
+          x, r = jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm=algorithm)
+        return x, r
       f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=(P("tp"), P(), P()),
-                                out_specs=P(), check_vma=False))
+                                out_specs=(P("tp"), P()), check_vma=False))
       row[f"{name}_paths"] = sorted({s.algorithm for s in jaxll.explain(f, x, r0, w)})
       compiled = f.lower(x, r0, w).compile()
       launch.barrier()
-      compiled(x, r0, w).block_until_ready()
+      jax.block_until_ready(compiled(x, r0, w))
+
+      def run_chain(runs):
+        xs, r = x, r0
+        for _ in range(runs):
+          xs, r = compiled(xs, r, w)
+        r.block_until_ready()
+
       per_step = []
       for _ in range(opts.reps):
         t0 = time.perf_counter()
-        r = r0
-        for _ in range(opts.runs):
-          r = compiled(x, r, w)
-        r.block_until_ready()
+        run_chain(opts.runs)
         per_step.append((time.perf_counter() - t0) / (opts.runs * opts.chain) * 1e6)
       row[f"{name}_us"] = statistics.median(per_step)
+      if opts.profile:
+        launch.barrier()
+        if jax.process_index() == 0:
+          import kernel_profile
+          times = kernel_profile.kernel_times(lambda: run_chain(2), f"/tmp/jaxll_fused_trace_{os.getpid()}")
+          steps = 2 * opts.chain
+          row[f"{name}_kernels"] = {kernel_profile.short_name(k): [c / steps, t / steps]
+                                    for k, (c, t) in times.items()}
+        else:
+          run_chain(2)
     row["speedup"] = row["composed_us"] / row["fused_us"]
     rows.append(row)
   jaxll.check_errors()
@@ -89,13 +103,16 @@ def main() -> None:
   p.add_argument("--json", default=None)
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   p.add_argument("--cpu", action="store_true", help="dry run on CPU devices (no kernels)")
+  p.add_argument("--profile", action="store_true",
+                 help="also the device time per kernel and step (JAX's profiler, process 0)")
   opts = p.parse_args()
   if opts.worker:
     worker(opts)
     return
   from jaxll import launch
   args = ["--worker", "--chain", str(opts.chain), "--runs", str(opts.runs),
-          "--reps", str(opts.reps)] + (["--cpu"] if opts.cpu else [])
+          "--reps", str(opts.reps)] + (["--cpu"] if opts.cpu else []) + (
+              ["--profile"] if opts.profile else [])
   gpus = [str(i) for i in range(opts.processes)]
   try:
     if opts.cpu:
@@ -116,6 +133,9 @@ def main() -> None:
     print(f"{r['tokens']:3d} x {r['hidden']:5d} bf16, {r['ranks']} ranks: composed "
           f"{r['composed_us']:7.2f} us ({','.join(r['composed_paths'])}), fused "
           f"{r['fused_us']:7.2f} us ({','.join(r['fused_paths'])}), {r['speedup']:.2f}x")
+    for name in ("composed", "fused"):
+      for kernel, (launches, us) in sorted(r.get(f"{name}_kernels", {}).items(), key=lambda kv: -kv[1][1]):
+        print(f"    {name:8s} {us:7.2f} us/step in {launches:4.1f} launches/step of {kernel}")
   if opts.json:
     with open(opts.json, "w") as f:
       json.dump({"gpus": gpus, "rows": rows}, f, indent=1)

@@ -181,3 +181,28 @@ def test_fused_request_with_an_odd_hidden_size_takes_the_composition(mesh, monke
   # float32 x 63: 252 bytes per row, not a multiple of 8
   text = _cuda_text(mesh, monkeypatch, hidden=63)
   assert "jaxll_all_reduce_rmsnorm" not in text and text.count("@jaxll_all_reduce(") == 2
+
+
+def test_fused_benchmark_dry_run_on_cpu(tmp_path):
+  """benchmarks/fused_rmsnorm.py --cpu: the harness (2 processes, both variants,
+  the decode-like chain, the profile path) runs end to end; on CPU both
+  variants are XLA's and the profile finds no GPU kernels."""
+  import json
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "fused.json"
+  r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "fused_rmsnorm.py"), "--cpu",
+                      "--processes", "2", "--chain", "2", "--runs", "1", "--reps", "1", "--profile",
+                      "--json", str(out)], capture_output=True, text=True, cwd=str(tmp_path),
+                     timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+  rows = json.loads(out.read_text())["rows"]
+  assert [(row["tokens"], row["hidden"]) for row in rows] == [
+      (1, 4096), (8, 4096), (1, 8192), (8, 8192), (32, 8192)]
+  for row in rows:
+    assert row["ranks"] >= 2  # (each process may hold several CPU devices)
+    assert row["composed_paths"] == ["xla"] and row["fused_paths"] == ["xla"]
+    assert row["composed_us"] > 0 and row["fused_us"] > 0
+    assert row["composed_kernels"] == {} and row["fused_kernels"] == {}
