@@ -5,6 +5,23 @@
 //   nvcc -std=c++17 -O2 -arch=sm_90 -Iffi/include -Iffi/kernels \
 //     tests/gpu_scripts/fused_rmsnorm_harness.cu ffi/kernels/all_reduce_rmsnorm.cu -o /tmp/h
 //   /tmp/h small|err|stress|seq|all
+// With -DHARNESS_WITH_ALL_REDUCE and the all-reduce kernel files added
+// (all_reduce.cu all_reduce_oneshot.cu all_reduce_twoshot.cu
+// all_reduce_twoshot_atomic.cu), mode "ar" runs the seq mode's bursts (random
+// delays, no host sync) on the all-reduce kernels, exact float32 sums.
+// Knobs of the seq mode (to bisect a failure), from the environment:
+//   HARNESS_CONFIGS="n:pdl:scratch:sig,..."  only these configurations
+//   HARNESS_SYNC=1        synchronize the device after every call (no overlap of calls)
+//   HARNESS_DELAY=0       no random delay kernels
+//   HARNESS_SLACK=k       k blocks fewer per rank than the co-residency bound allows
+//   HARNESS_TIMEOUT_MS=t  the kernels' wait bound (default 3000)
+//   HARNESS_SNAPSHOT_MS=s s ms after the burst is enqueued (set t well above s),
+//                         copy every rank's header while the kernels run and
+//                         print, per rank, the first call not started on every
+//                         block of its grid and which blocks of it did start:
+//                         a call started on some blocks only means the GPU did
+//                         not schedule the rest (co-residency); calls started
+//                         on every block everywhere mean the protocol waits.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -18,10 +35,13 @@
 #include <vector>
 #include <cstddef>
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "all_reduce.h"
 #include "all_reduce_kernels.h"
 #include "jaxll/workspace_layout.h"
+#include "jaxll/error_word.h"
 #include "jaxll/rank_view.h"
 
 #define CK(x)                                                                       \
@@ -35,6 +55,7 @@
   } while (0)
 
 namespace jaxll {
+#ifndef HARNESS_WITH_ALL_REDUCE
 int dtype_bytes(DType t) {
   switch (t) {
     case DType::kF32: return 4;
@@ -63,6 +84,7 @@ cudaError_t launch_collective(const void* fn, int64_t blocks, int threads, bool 
   void* params[] = {args};
   return cudaLaunchKernelExC(&config, fn, params);
 }
+#endif
 }  // namespace jaxll
 
 using namespace jaxll;
@@ -86,6 +108,11 @@ struct VRank {
 };
 
 static int g_bound = 0;
+static int g_slack = 0;
+static long env_long(const char* name, long fallback) {
+  const char* v = getenv(name);
+  return v && *v ? strtol(v, nullptr, 10) : fallback;
+}
 static int g_fail = 0;
 
 struct Group {
@@ -105,7 +132,7 @@ struct Group {
   }
   void init(int nranks, size_t scratch, int pdl, int signatures, uint64_t timeout_ms) {
     n = nranks;
-    int max_blocks = std::min(kMaxBlocks, g_bound / n);
+    int max_blocks = std::min(kMaxBlocks, g_bound / n - g_slack);
     size_t region = (scratch + max_blocks - 1) / max_blocks;
     geo = make_geometry(n, max_blocks, region);
     r.resize(n);
@@ -302,9 +329,53 @@ static int check_errors(Group& G, const char* what) {
   int bad = 0;
   for (int r = 0; r < G.n; ++r) {
     unsigned long long e = ((volatile unsigned long long*)G.r[r].host_err)[0];
-    if (e) { printf("  FAIL %s: rank %d error word %#llx\n", what, r, e); ++bad; }
+    if (e) {
+      const DecodedError d = decode_error(e);
+      printf("  FAIL %s: rank %d error word %#llx (kind %u, rank %u waited for %u, block %u, epoch %u)\n",
+             what, r, e, static_cast<unsigned>(d.kind), d.rank, d.peer, d.block, d.epoch);
+      ++bad;
+    }
   }
   return bad;
+}
+
+// See HARNESS_SNAPSHOT_MS above. grids[i]: blocks of the burst's call i.
+static void snapshot(Group& G, const std::vector<int64_t>& grids) {
+  cudaStream_t cs;
+  CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  WorkspaceHeader* h = nullptr;
+  CK(cudaHostAlloc(&h, sizeof(WorkspaceHeader) * G.n, cudaHostAllocDefault));
+  for (int r = 0; r < G.n; ++r)
+    CK(cudaMemcpyAsync(h + r, G.r[r].header, sizeof(WorkspaceHeader), cudaMemcpyDeviceToHost, cs));
+  CK(cudaStreamSynchronize(cs));
+  for (int r = 0; r < G.n; ++r) {
+    std::vector<uint32_t> cum(kMaxBlocks, 0);
+    size_t i = 0;
+    for (; i < grids.size(); ++i) {
+      bool all = true;
+      for (int64_t b = 0; b < grids[i]; ++b) all &= h[r].calls[b] >= cum[b] + 1;
+      if (!all) break;
+      for (int64_t b = 0; b < grids[i]; ++b) ++cum[b];
+    }
+    if (i == grids.size()) {
+      printf("  snapshot rank %d: all %zu calls started on every block\n", r, grids.size());
+      continue;
+    }
+    std::string missing;
+    int started = 0;
+    for (int64_t b = 0; b < grids[i]; ++b) {
+      if (h[r].calls[b] >= cum[b] + 1) {
+        ++started;
+      } else {
+        missing += " " + std::to_string(b);
+      }
+    }
+    printf("  snapshot rank %d: calls 0..%zu started everywhere; call %zu (%ld blocks): %d started, not:%s; error %#llx\n",
+           r, i == 0 ? 0 : i - 1, i, (long)grids[i], started, missing.c_str(), (unsigned long long)h[r].error);
+  }
+  fflush(stdout);
+  CK(cudaFreeHost(h));
+  CK(cudaStreamDestroy(cs));
 }
 
 static void read_hdr(Group& G, int r, uint64_t* tag, uint64_t* done) {
@@ -324,6 +395,21 @@ int main(int argc, char** argv) {
     occ = std::min(occ, b);
   }
   g_bound = sms * occ;
+  g_slack = static_cast<int>(env_long("HARNESS_SLACK", 0));
+  const bool sync_each = env_long("HARNESS_SYNC", 0) != 0;
+  const bool delays = env_long("HARNESS_DELAY", 1) != 0;
+  const uint64_t timeout_ms = static_cast<uint64_t>(env_long("HARNESS_TIMEOUT_MS", 3000));
+  const long snapshot_ms = env_long("HARNESS_SNAPSHOT_MS", 0);
+  const char* only = getenv("HARNESS_CONFIGS");
+  auto selected = [&](int n, int pdl, size_t scratch, int sig) {
+    if (!only || !*only) return true;
+    char key[64];
+    snprintf(key, sizeof key, "%d:%d:%zu:%d", n, pdl, scratch, sig);
+    std::string list = std::string(",") + only + ",";
+    return list.find(std::string(",") + key + ",") != std::string::npos;
+  };
+  printf("slack %d, sync each call %d, delays %d, timeout %llu ms\n", g_slack, (int)sync_each,
+         (int)delays, (unsigned long long)timeout_ms);
   printf("SMs %d, occupancy %d, bound %d, sizeof(WorkspaceHeader) %zu, offsetof norm_partials %zu\n", sms,
          occ, g_bound, sizeof(WorkspaceHeader), offsetof(WorkspaceHeader, norm_partials));
   const char* mode = argc > 1 ? argv[1] : "all";
@@ -339,9 +425,10 @@ int main(int argc, char** argv) {
       for (int pdl : {0, 1}) {
         for (size_t scratch : {size_t(512 * 1024), size_t(2048)}) {
           for (int sig : {1, 0}) {
-            if (sig == 0 && (pdl == 0 || scratch == 2048)) continue;
+            if (!only && sig == 0 && (pdl == 0 || scratch == 2048)) continue;
+            if (!selected(n, pdl, scratch, sig)) continue;
             Group G;
-            G.init(n, scratch, pdl, sig, 3000);
+            G.init(n, scratch, pdl, sig, timeout_ms);
             uint64_t expect_tag = 0;
             int calls = 0;
             // A burst of back-to-back calls of different shapes (no host sync in between).
@@ -359,22 +446,49 @@ int main(int argc, char** argv) {
             std::mt19937 rg(n * 100 + pdl * 10 + (scratch == 2048));
             for (auto& c : burst) {
               // random delay on a random rank
-              if (n > 1 && rg() % 4 == 0) delay_kernel<<<1, 1, 0, G.r[rg() % n].s>>>(rg() % 200000);
+              if (delays && n > 1 && rg() % 4 == 0) {
+                const int who = static_cast<int>(rg() % n);
+                delay_kernel<<<1, 1, 0, G.r[who].s>>>(rg() % 200000);
+              }
               launch_call(G, c);
+              if (sync_each) CK(cudaDeviceSynchronize());
               int64_t S, B;
               expect_tag += plan_waves(G.r[0].view, c.tokens, c.hidden, c.dt, &S, &B);
               ++calls;
+            }
+            if (snapshot_ms > 0) {
+              std::vector<int64_t> grids;
+              for (auto& c : burst) {
+                int64_t S, B;
+                plan_waves(G.r[0].view, c.tokens, c.hidden, c.dt, &S, &B);
+                grids.push_back(B);
+              }
+              std::this_thread::sleep_for(std::chrono::milliseconds(snapshot_ms));
+              snapshot(G, grids);
             }
             for (auto& k2 : G.r) CK(cudaStreamSynchronize(k2.s));
             CK(cudaGetLastError());
             char what[256];
             int bad = check_errors(G, "burst");
+            int first_bad = -1;
             for (size_t i = 0; i < burst.size(); ++i) {
+              const int before = bad;
               snprintf(what, sizeof what, "n=%d pdl=%d scratch=%zu sig=%d tokens=%ld hidden=%ld dt=%d", n,
                        pdl, scratch, sig, (long)burst[i].tokens, (long)burst[i].hidden, (int)burst[i].dt);
               bad += check_call(G, burst[i], what);
-              free_call(burst[i]);
+              if (bad > before && first_bad < 0) first_bad = static_cast<int>(i);
             }
+            if (first_bad >= 0) {
+              // the plan of the first failing call and of the one before it
+              for (int i = std::max(0, first_bad - 1); i <= first_bad; ++i) {
+                int64_t S, B;
+                const int64_t waves = plan_waves(G.r[0].view, burst[i].tokens, burst[i].hidden, burst[i].dt, &S, &B);
+                printf("  call %d of %zu: %ld x %ld dt %d, segments %ld, blocks %ld, waves %ld%s\n", i,
+                       burst.size(), (long)burst[i].tokens, (long)burst[i].hidden, (int)burst[i].dt, (long)S,
+                       (long)B, (long)waves, i == first_bad ? " (first failing)" : "");
+              }
+            }
+            for (auto& c : burst) free_call(c);
             for (int r = 0; r < n; ++r) {
               uint64_t tag, done;
               read_hdr(G, r, &tag, &done);
@@ -484,6 +598,86 @@ int main(int argc, char** argv) {
       G.destroy();
     }
   }
+#ifdef HARNESS_WITH_ALL_REDUCE
+  if (m == "ar") {
+    const int64_t counts[] = {256, 1000, 2048, 4096, 12288, 32768, 65536, 131072, 500000};
+    const Algorithm algs[] = {Algorithm::kOneShotLL, Algorithm::kOneShotSentinel, Algorithm::kTwoShotLL,
+                              Algorithm::kTwoShotSentinel, Algorithm::kTwoShotLL128Atomic};
+    for (int n : {2, 4, 8}) {
+      for (int pdl : {0, 1}) {
+        const size_t scratch = 512 * 1024;
+        if (!selected(n, pdl, scratch, 1)) continue;
+        Group G;
+        G.init(n, scratch, pdl, 1, timeout_ms);
+        struct ArCall { Algorithm alg; int64_t count; float* in; float* out; };
+        std::vector<ArCall> calls;
+        std::mt19937 rg(n * 100 + pdl * 10 + 7);
+        for (int rep = 0; rep < 3; ++rep)
+          for (int64_t cnt : counts)
+            for (Algorithm alg : algs) {
+              ArCall c{alg, cnt, nullptr, nullptr};
+              CK(cudaMalloc(&c.in, cnt * 4 * n));
+              CK(cudaMalloc(&c.out, cnt * 4 * n));
+              std::vector<float> h(cnt * n);
+              for (int r = 0; r < n; ++r)
+                for (int64_t i = 0; i < cnt; ++i) h[r * cnt + i] = static_cast<float>((i * 7 + r * 13 + rep) % 97);
+              CK(cudaMemcpy(c.in, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+              CK(cudaMemset(c.out, 0x5a, cnt * 4 * n));
+              calls.push_back(c);
+            }
+        std::shuffle(calls.begin(), calls.end(), rg);
+        CK(cudaDeviceSynchronize());
+        for (auto& c : calls) {
+          if (delays && rg() % 4 == 0) {
+            const int who = static_cast<int>(rg() % n);
+            delay_kernel<<<1, 1, 0, G.r[who].s>>>(rg() % 200000);
+          }
+          for (int r = 0; r < n; ++r)
+            CK(launch_all_reduce(c.alg, DType::kF32, ReduceOp::kSum, G.r[r].view, c.in + r * c.count,
+                                 c.out + r * c.count, c.count, G.r[r].s));
+          if (sync_each) CK(cudaDeviceSynchronize());
+        }
+        if (snapshot_ms > 0) {
+          std::vector<int64_t> grids;
+          for (auto& c : calls)
+            grids.push_back(plan_all_reduce(c.alg, c.count, 4, n, G.geo, G.r[0].view.max_blocks).blocks);
+          std::this_thread::sleep_for(std::chrono::milliseconds(snapshot_ms));
+          snapshot(G, grids);
+        }
+        for (auto& k2 : G.r) CK(cudaStreamSynchronize(k2.s));
+        CK(cudaGetLastError());
+        int bad = check_errors(G, "ar burst");
+        int first_bad = -1;
+        for (size_t i = 0; i < calls.size(); ++i) {
+          auto& c = calls[i];
+          std::vector<float> in(c.count * n), out(c.count * n);
+          CK(cudaMemcpy(in.data(), c.in, in.size() * 4, cudaMemcpyDeviceToHost));
+          CK(cudaMemcpy(out.data(), c.out, out.size() * 4, cudaMemcpyDeviceToHost));
+          bool wrong = false;
+          for (int64_t j = 0; j < c.count && !wrong; ++j) {
+            float want = 0.f;
+            for (int r = 0; r < n; ++r) want += in[r * c.count + j];
+            for (int r = 0; r < n; ++r) wrong |= out[r * c.count + j] != want;
+          }
+          if (wrong) {
+            ++bad;
+            if (first_bad < 0) first_bad = static_cast<int>(i);
+          }
+          cudaFree(c.in);
+          cudaFree(c.out);
+        }
+        if (first_bad >= 0)
+          for (int i = std::max(0, first_bad - 1); i <= first_bad; ++i)
+            printf("  call %d of %zu: algorithm %d, count %ld%s\n", i, calls.size(), (int)calls[i].alg,
+                   (long)calls[i].count, i == first_bad ? " (first wrong)" : "");
+        printf("ar n=%d pdl=%d: %zu calls, %d wrong, %s\n", n, pdl, calls.size(), bad, bad ? "FAILED" : "ok");
+        fflush(stdout);
+        total_bad += bad;
+        G.destroy();
+      }
+    }
+  }
+#endif
   printf("TOTAL %s (%d problems)\n", total_bad ? "FAILED" : "OK", total_bad);
   return total_bad ? 1 : 0;
 }
