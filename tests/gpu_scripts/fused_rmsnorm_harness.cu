@@ -603,7 +603,7 @@ int main(int argc, char** argv) {
     const int64_t counts[] = {256, 1000, 2048, 4096, 12288, 32768, 65536, 131072, 500000};
     const Algorithm algs[] = {Algorithm::kOneShotLL, Algorithm::kOneShotSentinel, Algorithm::kTwoShotLL,
                               Algorithm::kTwoShotSentinel, Algorithm::kTwoShotLL128Atomic};
-    for (int n : {2, 4, 8}) {
+    for (int n : {2, 3, 4, 8}) {
       for (int pdl : {0, 1}) {
         const size_t scratch = 512 * 1024;
         if (!selected(n, pdl, scratch, 1)) continue;
