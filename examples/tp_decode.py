@@ -7,7 +7,10 @@ from a seed.
 It measures inter-token latency (ITL: wall time per generated token, each step
 synchronized as a server streaming tokens would) with the all-reduces done by
 jax.lax.psum and by jaxll.all_reduce, and checks that both produce the same
-tokens for the same prompt.
+tokens for the same prompt. With --fused, a third run does each all-reduce and
+the residual add and RMSNorm after it with jaxll.all_reduce_rmsnorm(...,
+algorithm="fused") (one kernel where it can serve; the model's RMSNorm uses the
+same rounding as that op, so all runs must give the same tokens).
 
   python examples/tp_decode.py                       # tiny model, whatever devices exist
   python examples/tp_decode.py --shape 8b --layers 4 --batch 8 --context 8192
@@ -45,6 +48,8 @@ def parse(argv=None):
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                  help="default: float32 for tiny, bfloat16 otherwise")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--fused", action="store_true",
+                 help="also run jaxll with the fused all-reduce + residual + RMSNorm kernel")
   p.add_argument("--baseline", action="store_true",
                  help="also time the step with its all-reduces left out (wrong tokens, for "
                       "timing only): the all-reduce share of a step by difference")
@@ -117,10 +122,12 @@ def run(opts):
   new_cache = jax.jit(lambda: (jnp.zeros(cache_shape, dtype), jnp.zeros(cache_shape, dtype)),
                       out_shardings=(cache_sharding, cache_sharding))
 
-  def rmsnorm(x, w):
+  eps = 1e-5
+
+  def rmsnorm(x, w):  # the rounding of jaxll.all_reduce_rmsnorm: normalize, round, scale
     x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-5)
-    return (x32 * w.astype(jnp.float32)).astype(dtype)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return x32.astype(dtype) * w.astype(dtype)
 
   def rotary(x, pos):  # x: [batch, heads, dim]
     half = head_dim // 2
@@ -130,14 +137,14 @@ def run(opts):
     a, b = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     return jnp.concatenate([a * cos - b * sin, a * sin + b * cos], -1).astype(dtype)
 
-  def make_step(reduce, check_vma=True):
+  def make_step(reduce, check_vma=True, fused=False):
+    """reduce: the all-reduce; fused: each all-reduce, the residual add and the
+    RMSNorm after it as one jaxll.all_reduce_rmsnorm(algorithm="fused")."""
     def step(p, k_cache, v_cache, tok, pos):
       x = p["embed"][tok]                                   # [B, hidden], replicated
       hq, hkv = heads // n, kv_heads // n                   # this rank's heads
 
-      def layer(x, xs):
-        norm1, norm2, wq, wk, wv, wo, w1, w3, w2, kc, vc = xs
-        h = rmsnorm(x, norm1)
+      def attention(h, wq, wk, wv, kc, vc):
         q = rotary((h @ wq).reshape(B, hq, head_dim), pos)
         k = rotary((h @ wk).reshape(B, hkv, head_dim), pos)
         v = (h @ wv).reshape(B, hkv, head_dim)
@@ -147,15 +154,42 @@ def run(opts):
                        preferred_element_type=jnp.float32) * head_dim ** -0.5
         s = jnp.where(jnp.arange(C) <= pos, s, -jnp.inf)
         a = jnp.einsum("bhgc,bchd->bhgd", jax.nn.softmax(s, axis=-1).astype(dtype), vc)
-        x = x + reduce(a.reshape(B, hq * head_dim) @ wo)    # all-reduce 1: attention out
-        h = rmsnorm(x, norm2)
-        m = (jax.nn.silu(h @ w1) * (h @ w3)) @ w2           # SwiGLU, columns split
-        return x + reduce(m), (kc, vc)                      # all-reduce 2: MLP out
+        return a.reshape(B, hq * head_dim), kc, vc
 
-      xs = (p["norm1"], p["norm2"], p["wq"], p["wk"], p["wv"], p["wo"], p["w1"], p["w3"],
-            p["w2"], k_cache, v_cache)
-      x, (k_cache, v_cache) = jax.lax.scan(layer, x, xs)
-      logits = rmsnorm(x, p["norm_f"]) @ p["embed"].T        # tied LM head, replicated
+      def mlp(h, w1, w3, w2):
+        return (jax.nn.silu(h @ w1) * (h @ w3)) @ w2        # SwiGLU, columns split
+
+      if not fused:
+        def layer(x, xs):
+          norm1, norm2, wq, wk, wv, wo, w1, w3, w2, kc, vc = xs
+          a, kc, vc = attention(rmsnorm(x, norm1), wq, wk, wv, kc, vc)
+          x = x + reduce(a @ wo)                            # all-reduce 1: attention out
+          return x + reduce(mlp(rmsnorm(x, norm2), w1, w3, w2)), (kc, vc)  # 2: MLP out
+
+        xs = (p["norm1"], p["norm2"], p["wq"], p["wk"], p["wv"], p["wo"], p["w1"], p["w3"],
+              p["w2"], k_cache, v_cache)
+        x, (k_cache, v_cache) = jax.lax.scan(layer, x, xs)
+        h = rmsnorm(x, p["norm_f"])
+      else:
+        # Each all-reduce returns the next norm's output too: the attention one
+        # this layer's norm2, the MLP one the next layer's norm1 (the final
+        # norm after the last layer), so the scan carries (x, normed x).
+        def add_norm(v, x, w):
+          return jaxll.all_reduce_rmsnorm(v, x, w, "tp", eps=eps, algorithm="fused")
+
+        def layer(carry, xs):
+          x, h = carry
+          norm2, next_norm, wq, wk, wv, wo, w1, w3, w2, kc, vc = xs
+          a, kc, vc = attention(h, wq, wk, wv, kc, vc)
+          h, x = add_norm(a @ wo, x, norm2)                 # all-reduce 1 + norm2
+          h, x = add_norm(mlp(h, w1, w3, w2), x, next_norm)  # all-reduce 2 + next norm
+          return (x, h), (kc, vc)
+
+        next_norm = jnp.concatenate([p["norm1"][1:], p["norm_f"][None]])
+        xs = (p["norm2"], next_norm, p["wq"], p["wk"], p["wv"], p["wo"], p["w1"], p["w3"],
+              p["w2"], k_cache, v_cache)
+        (x, h), (k_cache, v_cache) = jax.lax.scan(layer, (x, rmsnorm(x, p["norm1"][0])), xs)
+      logits = h @ p["embed"].T                              # tied LM head, replicated
       return jnp.argmax(logits, axis=-1).astype(jnp.int32), k_cache, v_cache, pos + 1
 
     body = jax.shard_map(step, mesh=mesh,
@@ -188,6 +222,7 @@ def run(opts):
                 "jaxll": lambda v: jaxll.all_reduce(v, "tp"),
                 "none": lambda v: v}  # (each rank's partial sum: timing only)
   wanted = ["psum", "jaxll"] if opts.collective == "both" else [opts.collective]
+  wanted += ["jaxll_fused"] if opts.fused and opts.collective != "psum" else []
   wanted += ["none"] if opts.baseline else []
   report = {"ran_on": eu.describe(opts, devices), "shape": opts.shape, "layers": L, "batch": B, "context": C,
             "dtype": opts.dtype, "tokens": opts.tokens, "runs": {}, "skipped": {}}
@@ -197,9 +232,9 @@ def run(opts):
       report["skipped"]["psum"] = eu.psum_unavailable(opts)
       continue
     # (the baseline leaves partial sums unreduced, which check_vma would reject)
-    step = make_step(reductions[name], check_vma=name != "none")
+    step = make_step(reductions.get(name), check_vma=name != "none", fused=name == "jaxll_fused")
     args = (params, *new_cache(), prompt_arrays[0], replicated(np.int32(0)))
-    sites = jaxll.explain(step, *args) if name == "jaxll" else []
+    sites = jaxll.explain(step, *args) if name.startswith("jaxll") else []
     compiled = step.lower(*args).compile()
     eu.line_up(opts)                                       # every process compiled
     tokens, itl = generate(compiled)
@@ -217,11 +252,13 @@ def run(opts):
     for name, run in report["runs"].items():
       if name != "none":
         run["all_reduce_share"] = max(0.0, 1 - base / run["itl_ms_median"])
-  if len(outputs) == 2:
-    same = np.array_equal(outputs["psum"], outputs["jaxll"])
-    first = None if same else int(np.argmax((outputs["psum"] != outputs["jaxll"]).any(0)))
-    report["same_tokens"] = bool(same)
-    report["first_different_token"] = first
+  if len(outputs) >= 2:  # every run against the first one
+    ref = outputs[next(iter(outputs))]
+    differ = [(ref != out).any(0) for out in outputs.values()]
+    same = not any(d.any() for d in differ)
+    report["same_tokens"] = same
+    report["first_different_token"] = (None if same else
+                                       int(min(np.argmax(d) for d in differ if d.any())))
   report["tokens_sample"] = outputs[next(iter(outputs))][0, :8].tolist() if outputs else []
   return report
 
@@ -237,9 +274,13 @@ def print_report(r):
              if "all_reduce_share" in run else ""))
   for name, why in r["skipped"].items():
     print(f"  {name:6s} skipped: {why}")
-  if "psum" in r["runs"] and "jaxll" in r["runs"]:
-    a, b = r["runs"]["psum"]["itl_ms_median"], r["runs"]["jaxll"]["itl_ms_median"]
-    print(f"  jaxll vs psum: {a - b:+.3f} ms per token ({a / b:.2f}x); same tokens: "
+  runs = [k for k in ("psum", "jaxll", "jaxll_fused") if k in r["runs"]]
+  for base, other in (("psum", "jaxll"), ("psum", "jaxll_fused"), ("jaxll", "jaxll_fused")):
+    if base in r["runs"] and other in r["runs"]:
+      a, b = r["runs"][base]["itl_ms_median"], r["runs"][other]["itl_ms_median"]
+      print(f"  {other} vs {base}: {a - b:+.3f} ms per token ({a / b:.2f}x)")
+  if len(runs) >= 2:
+    print(f"  same tokens ({', '.join(runs)}): "
           + ("yes" if r["same_tokens"] else f"no (first difference at token {r['first_different_token']})"))
 
 

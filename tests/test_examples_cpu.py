@@ -35,7 +35,20 @@ def test_tp_decode_psum_and_jaxll_agree(tmp_path, processes):
   jaxll_run = report["runs"]["jaxll"]
   assert jaxll_run["paths"] == ["xla"] and jaxll_run["call_sites"] == 2  # 2 per layer (scan)
   assert all(r["itl_ms_median"] > 0 and r["tokens_per_s"] > 0 for r in report["runs"].values())
-  assert "same tokens: yes" in stdout and "ran on" in stdout
+  assert "same tokens (psum, jaxll): yes" in stdout and "ran on" in stdout
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tp_decode_fused_variant_gives_the_same_tokens(tmp_path, dtype):
+  """--fused: each all-reduce + residual + RMSNorm through jaxll.all_reduce_rmsnorm
+  (XLA's path on CPU), the scan carrying the normed residual; same tokens as psum."""
+  report, stdout = _run(tmp_path, "tp_decode.py", "--tokens", "8", "--prompt", "4",
+                        "--context", "16", "--layers", "3", "--dtype", dtype, "--fused")
+  assert set(report["runs"]) == {"psum", "jaxll", "jaxll_fused"}
+  assert report["same_tokens"] is True, report
+  fused = report["runs"]["jaxll_fused"]
+  assert fused["paths"] == ["xla"] and fused["call_sites"] == 2  # 2 per layer (scan)
+  assert "same tokens (psum, jaxll, jaxll_fused): yes" in stdout
 
 
 @pytest.mark.parametrize("processes,halo", [(0, "auto"), (0, "allreduce"), (2, "auto")])
