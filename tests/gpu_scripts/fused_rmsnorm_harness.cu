@@ -15,6 +15,11 @@
 //   HARNESS_DELAY=0       no random delay kernels
 //   HARNESS_SLACK=k       k blocks fewer per rank than the co-residency bound allows
 //   HARNESS_TIMEOUT_MS=t  the kernels' wait bound (default 3000)
+//   HARNESS_DELAY_HOST=1  delays by a host callback in the stream (cudaLaunchHostFunc)
+//                         instead of the one-thread delay kernel
+//   HARNESS_CARVEOUT=p    cudaFuncAttributePreferredSharedMemoryCarveout = p (percent,
+//                         0 = most L1) on every kernel the harness launches, the
+//                         delay kernel included
 //   HARNESS_SNAPSHOT_MS=s s ms after the burst is enqueued (set t well above s),
 //                         copy every rank's header while the kernels run and
 //                         print, per rank, the first call not started on every
@@ -89,6 +94,20 @@ cudaError_t launch_collective(const void* fn, int64_t blocks, int threads, bool 
 
 using namespace jaxll;
 
+static void CUDART_CB host_sleep(void* ns) {
+  std::this_thread::sleep_for(std::chrono::nanoseconds(reinterpret_cast<uintptr_t>(ns)));
+}
+static bool g_delay_host = false;
+__global__ void delay_kernel(uint64_t ns);
+// Holds `stream` back by about `ns` nanoseconds: a one-thread kernel that spins,
+// or (HARNESS_DELAY_HOST=1) a host callback that sleeps.
+static void delay(cudaStream_t stream, uint64_t ns) {
+  if (g_delay_host) {
+    CK(cudaLaunchHostFunc(stream, host_sleep, reinterpret_cast<void*>(static_cast<uintptr_t>(ns))));
+  } else {
+    delay_kernel<<<1, 1, 0, stream>>>(ns);
+  }
+}
 __global__ void delay_kernel(uint64_t ns) {
   uint64_t t0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
@@ -396,6 +415,18 @@ int main(int argc, char** argv) {
   }
   g_bound = sms * occ;
   g_slack = static_cast<int>(env_long("HARNESS_SLACK", 0));
+  g_delay_host = env_long("HARNESS_DELAY_HOST", 0) != 0;
+  const long carveout = env_long("HARNESS_CARVEOUT", -2);
+  if (carveout >= -1) {
+    std::vector<const void*> fns = rmsnorm_kernel_functions();
+#ifdef HARNESS_WITH_ALL_REDUCE
+    fns = all_kernel_functions();
+#endif
+    fns.push_back(reinterpret_cast<const void*>(&delay_kernel));
+    for (const void* fn : fns)
+      CK(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, static_cast<int>(carveout)));
+    printf("carveout preference %ld on %zu kernels\n", carveout, fns.size());
+  }
   const bool sync_each = env_long("HARNESS_SYNC", 0) != 0;
   const bool delays = env_long("HARNESS_DELAY", 1) != 0;
   const uint64_t timeout_ms = static_cast<uint64_t>(env_long("HARNESS_TIMEOUT_MS", 3000));
@@ -448,7 +479,7 @@ int main(int argc, char** argv) {
               // random delay on a random rank
               if (delays && n > 1 && rg() % 4 == 0) {
                 const int who = static_cast<int>(rg() % n);
-                delay_kernel<<<1, 1, 0, G.r[who].s>>>(rg() % 200000);
+                delay(G.r[who].s, rg() % 200000);
               }
               launch_call(G, c);
               if (sync_each) CK(cudaDeviceSynchronize());
@@ -507,6 +538,36 @@ int main(int argc, char** argv) {
         }
       }
     }
+  }
+
+  if (m == "cfg") {
+    // One rank: calls of a few block sizes and a delay kernel, to read under ncu
+    // (--metrics launch__shared_mem_config_size,launch__block_size,launch__grid_size)
+    // which shared-memory configuration the driver gives each kernel.
+    Group G;
+    G.init(1, 512 * 1024, 0, 1, 3000);
+    const int64_t sh[4][2] = {{1, 128}, {1, 4096}, {64, 16384}, {3, 1000}};
+    for (int i = 0; i < 4; ++i) {
+      Call c;
+      make_call(c, 1, DType::kBF16, sh[i][0], sh[i][1], seed++);
+      launch_call(G, c);
+      CK(cudaDeviceSynchronize());
+      free_call(c);
+    }
+    delay_kernel<<<1, 1, 0, G.r[0].s>>>(1000);
+#ifdef HARNESS_WITH_ALL_REDUCE
+    float* buf = nullptr;
+    CK(cudaMalloc(&buf, 500000 * 4 * 2));
+    for (int64_t cnt : {256, 4096, 500000})
+      CK(launch_all_reduce(Algorithm::kOneShotLL, DType::kF32, ReduceOp::kSum, G.r[0].view, buf,
+                           buf + 500000, cnt, G.r[0].s));
+    CK(cudaDeviceSynchronize());
+    cudaFree(buf);
+#endif
+    CK(cudaDeviceSynchronize());
+    total_bad += check_errors(G, "cfg");
+    printf("cfg done\n");
+    G.destroy();
   }
 
   if (m == "small") {
@@ -630,7 +691,7 @@ int main(int argc, char** argv) {
         for (auto& c : calls) {
           if (delays && rg() % 4 == 0) {
             const int who = static_cast<int>(rg() % n);
-            delay_kernel<<<1, 1, 0, G.r[who].s>>>(rg() % 200000);
+            delay(G.r[who].s, rg() % 200000);
           }
           for (int r = 0; r < n; ++r)
             CK(launch_all_reduce(c.alg, DType::kF32, ReduceOp::kSum, G.r[r].view, c.in + r * c.count,
