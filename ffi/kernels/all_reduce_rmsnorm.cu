@@ -24,6 +24,33 @@
 namespace jaxll {
 namespace {
 
+#ifdef JAXLL_FUSED_PHASES
+// Timing instrumentation, compiled only into the standalone harness
+// (tests/gpu_scripts/fused_rmsnorm_harness.cu, mode "phases"): thread 0 of
+// every block stamps the global timer at kFusedPhases points of the latest
+// call, per rank. Never built into the library.
+}  // namespace
+constexpr int kFusedPhases = 6;
+__device__ unsigned long long g_fused_phases[kMaxRanks][kMaxBlocks][kFusedPhases];
+// Copies the stamps to the host: [rank][block][phase], kMaxRanks x kMaxBlocks x 6.
+cudaError_t read_fused_phases(unsigned long long* out) {
+  return cudaMemcpyFromSymbol(out, g_fused_phases, sizeof(g_fused_phases));
+}
+namespace {
+#define JAXLL_PHASE(i)                                                              \
+  do {                                                                              \
+    if (threadIdx.x == 0) {                                                         \
+      unsigned long long t_;                                                        \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                        \
+      g_fused_phases[a.base.view.rank][blockIdx.x][i] = t_;                        \
+    }                                                                               \
+  } while (0)
+#else
+#define JAXLL_PHASE(i) \
+  do {                 \
+  } while (0)
+#endif
+
 // Units a block's segment aims at (the one-shot all-reduce's block size).
 constexpr int64_t kSegmentUnits = 128;
 
@@ -151,6 +178,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
                      reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(nres) |
                      reinterpret_cast<uintptr_t>(normed)) % 8) == 0;
   collective_prologue(a.base);
+  JAXLL_PHASE(0);
 
   const Segment g = segment_of(a);
   const int64_t rows_at_once = gridDim.x / a.segments;
@@ -160,6 +188,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
   // Loaded before block_begin's loads so that the two latencies overlap.
   const uint64_t tag0 = *reinterpret_cast<volatile uint64_t*>(&v.header->norm_tag);
   const BlockStart bs = block_begin(v, static_cast<uint32_t>(g.rows * chunks));
+  JAXLL_PHASE(1);
   if (bs.had_error) {
     poison_segments<T>(a, g);
     return;
@@ -218,12 +247,14 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
     // The row's sum of squares from its S blocks, then the norm of this
     // block's segment: new_residual (this block wrote it) times the inverse
     // root mean square, rounded, times the weight.
+    JAXLL_PHASE(2);  // (the last row's: its all-reduce and residual add are done)
     const float part = block_sum(squares);
     const float total =
         a.segments == 1 ? part
                         : row_total(a, g, part, tag0 + static_cast<uint64_t>(k) + 1,
                                     static_cast<int>(k & 1), bs.epoch + round - 1, &ok);
     const float inv = rsqrtf(total / static_cast<float>(a.hidden) + a.eps);
+    JAXLL_PHASE(3);  // the row's sum of squares is known
     T* no = normed + row * a.hidden;
     for (int64_t u = g.u0 + threadIdx.x; u < g.u1; u += blockDim.x) {
       const Unit<8> hv = load_unit<T, 8>(nr, u, a.hidden, vec);
@@ -241,6 +272,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
       store_unit<T, 8>(no, u, a.hidden, vec, ok ? out : poison_unit<8>());
     }
   }
+  JAXLL_PHASE(4);  // the norm is written
   // The last block of the call moves the tag past this call's row-waves, so
   // the next call's packets never match a stale one.
   if (threadIdx.x == 0) {
@@ -251,6 +283,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
     }
   }
   if (block_failed(ok)) poison_segments<T>(a, g);
+  JAXLL_PHASE(5);
 }
 
 template <class T>

@@ -5,6 +5,11 @@
 //   nvcc -std=c++17 -O2 -arch=sm_90 -Iffi/include -Iffi/kernels \
 //     tests/gpu_scripts/fused_rmsnorm_harness.cu ffi/kernels/all_reduce_rmsnorm.cu -o /tmp/h
 //   /tmp/h small|err|stress|seq|all
+// With -DJAXLL_FUSED_PHASES (on both files), mode "phases" prints where the
+// fused kernel's time goes: each block's thread 0 stamps the global timer at six
+// points (entry, epochs reserved, row reduced, row's sum of squares known, norm
+// written, end); medians of the intervals over blocks, ranks and 200 calls (each
+// synchronized, so the "reduced" interval includes the ranks' launch skew).
 // With -DHARNESS_WITH_ALL_REDUCE and the all-reduce kernel files added
 // (all_reduce.cu all_reduce_oneshot.cu all_reduce_twoshot.cu
 // all_reduce_twoshot_atomic.cu), mode "ar" runs the seq mode's bursts (random
@@ -93,6 +98,11 @@ cudaError_t launch_collective(const void* fn, int64_t blocks, int threads, bool 
 }  // namespace jaxll
 
 using namespace jaxll;
+#ifdef JAXLL_FUSED_PHASES
+namespace jaxll {
+cudaError_t read_fused_phases(unsigned long long* out);
+}
+#endif
 
 static void CUDART_CB host_sleep(void* ns) {
   std::this_thread::sleep_for(std::chrono::nanoseconds(reinterpret_cast<uintptr_t>(ns)));
@@ -539,6 +549,55 @@ int main(int argc, char** argv) {
       }
     }
   }
+
+#ifdef JAXLL_FUSED_PHASES
+  if (m == "phases") {
+    constexpr int kPhases6 = 6;
+    const int64_t shapes[5][2] = {{1, 4096}, {8, 4096}, {1, 8192}, {8, 8192}, {32, 8192}};
+    const char* names[5] = {"entry->epochs", "epochs->reduced", "reduced->sumsq", "sumsq->normed",
+                            "normed->end"};
+    for (int n : {2, 8}) {
+      Group G;
+      G.init(n, 512 * 1024, 0, 1, 3000);
+      for (const auto& sh : shapes) {
+        Call c;
+        make_call(c, n, DType::kBF16, sh[0], sh[1], seed++);
+        int64_t S, B;
+        plan_waves(G.r[0].view, c.tokens, c.hidden, c.dt, &S, &B);
+        std::vector<double> iv[5], span;
+        std::vector<unsigned long long> st(static_cast<size_t>(kMaxRanks) * kMaxBlocks * kPhases6);
+        for (int it = 0; it < 230; ++it) {
+          launch_call(G, c);
+          CK(cudaDeviceSynchronize());
+          if (it < 30) continue;
+          CK(read_fused_phases(st.data()));
+          for (int r = 0; r < n; ++r) {
+            unsigned long long lo = ~0ull, hi = 0;
+            for (int64_t b = 0; b < B; ++b) {
+              const unsigned long long* t = &st[(static_cast<size_t>(r) * kMaxBlocks + b) * kPhases6];
+              for (int p = 0; p < 5; ++p) iv[p].push_back((t[p + 1] - t[p]) * 1e-3);
+              lo = std::min(lo, t[0]);
+              hi = std::max(hi, t[5]);
+            }
+            span.push_back((hi - lo) * 1e-3);
+          }
+        }
+        auto med = [](std::vector<double>& v) {
+          std::sort(v.begin(), v.end());
+          return v.empty() ? 0.0 : v[v.size() / 2];
+        };
+        printf("phases n=%d %ld x %ld bf16 (segments %ld, blocks %ld), us:", n, (long)c.tokens,
+               (long)c.hidden, (long)S, (long)B);
+        for (int p = 0; p < 5; ++p) printf(" %s %.2f;", names[p], med(iv[p]));
+        printf(" kernel span %.2f\n", med(span));
+        total_bad += check_errors(G, "phases") + check_call(G, c, "phases");
+        free_call(c);
+        fflush(stdout);
+      }
+      G.destroy();
+    }
+  }
+#endif
 
   if (m == "cfg") {
     // One rank: calls of a few block sizes and a delay kernel, to read under ncu
