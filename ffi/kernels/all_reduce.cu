@@ -51,15 +51,6 @@ int64_t round_up32(int64_t v) { return (v + 31) / 32 * 32; }
 
 }  // namespace
 
-int dtype_bytes(DType t) {
-  switch (t) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kI32: return 4;
-  }
-  return 0;
-}
 
 LaunchPlan plan_all_reduce(Algorithm algorithm, int64_t count, int elem_bytes, int nranks,
                            const ScratchGeometry& geo, int max_blocks, bool signatures) {
@@ -184,32 +175,6 @@ cudaError_t launch_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op, con
                      static_cast<uint32_t>(plan.rounds), static_cast<uint32_t>(plan.last_rounds),
                      pdl ? 1 : 0, call_signature(algorithm, dtype, op, count)};
   return launch_collective(fn, plan.blocks, plan.threads, pdl, &args, stream);
-}
-
-bool launches_early(const RankView& view, int64_t blocks) {
-  // With programmatic dependent launch a kernel may be scheduled while the one
-  // ahead of it on the stream still runs, so two of this rank's grids can be
-  // resident at once. That is safe where both fit beside every other rank's
-  // grid: only grids of at most half the co-residency bound take part (they
-  // launch early, and they let their successor launch early).
-  return view.pdl && 2 * blocks <= view.max_blocks;
-}
-
-cudaError_t launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, void* args,
-                              cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(threads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  if (pdl) {
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-  }
-  void* params[] = {args};
-  return cudaLaunchKernelExC(&config, fn, params);
 }
 
 std::vector<const void*> all_kernel_functions() {

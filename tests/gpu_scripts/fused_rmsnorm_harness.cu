@@ -3,7 +3,8 @@
 // shapes back to back with no host sync, PDL on and off, small scratch, a
 // skipped rank then a reset, long sequences. Build and run from the repo root:
 //   nvcc -std=c++17 -O2 -arch=sm_90 -Iffi/include -Iffi/kernels \
-//     tests/gpu_scripts/fused_rmsnorm_harness.cu ffi/kernels/all_reduce_rmsnorm.cu -o /tmp/h
+//     tests/gpu_scripts/fused_rmsnorm_harness.cu ffi/kernels/all_reduce_rmsnorm.cu \
+//     ffi/kernels/launch.cu -o /tmp/h
 //   /tmp/h small|err|stress|seq|all
 // With -DJAXLL_FUSED_PHASES (on both files), mode "phases" prints where the
 // fused kernel's time goes: each block's thread 0 stamps the global timer at six
@@ -12,8 +13,9 @@
 // synchronized, so the "reduced" interval includes the ranks' launch skew).
 // With -DHARNESS_WITH_ALL_REDUCE and the all-reduce kernel files added
 // (all_reduce.cu all_reduce_oneshot.cu all_reduce_twoshot.cu
-// all_reduce_twoshot_atomic.cu), mode "ar" runs the seq mode's bursts (random
-// delays, no host sync) on the all-reduce kernels, exact float32 sums.
+// all_reduce_twoshot_atomic.cu, beside all_reduce_rmsnorm.cu and launch.cu),
+// mode "ar" runs the seq mode's bursts (random delays, no host sync) on the
+// all-reduce kernels, exact float32 sums.
 // Knobs of the seq mode (to bisect a failure), from the environment:
 //   HARNESS_CONFIGS="n:pdl:scratch:sig,..."  only these configurations
 //   HARNESS_SYNC=1        synchronize the device after every call (no overlap of calls)
@@ -64,38 +66,6 @@
     }                                                                               \
   } while (0)
 
-namespace jaxll {
-#ifndef HARNESS_WITH_ALL_REDUCE
-int dtype_bytes(DType t) {
-  switch (t) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kI32: return 4;
-  }
-  return 0;
-}
-bool launches_early(const RankView& view, int64_t blocks) {
-  return view.pdl && 2 * blocks <= view.max_blocks;
-}
-cudaError_t launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, void* args,
-                              cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(threads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  if (pdl) {
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-  }
-  void* params[] = {args};
-  return cudaLaunchKernelExC(&config, fn, params);
-}
-#endif
-}  // namespace jaxll
 
 using namespace jaxll;
 #ifdef JAXLL_FUSED_PHASES
