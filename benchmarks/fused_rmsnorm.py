@@ -81,7 +81,7 @@ def worker(opts) -> None:
       if opts.profile:
         launch.barrier()
         if jax.process_index() == 0:
-          import kernel_profile
+          from jaxll import kernel_profile
           times = kernel_profile.kernel_times(lambda: run_chain(2), f"/tmp/jaxll_fused_trace_{os.getpid()}")
           steps = 2 * opts.chain
           row[f"{name}_kernels"] = {kernel_profile.short_name(k): [c / steps, t / steps]

@@ -50,6 +50,9 @@ def parse(argv=None):
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--fused", action="store_true",
                  help="also run jaxll with the fused all-reduce + residual + RMSNorm kernel")
+  p.add_argument("--profile", action="store_true",
+                 help="also trace 8 decode steps per run (JAX's profiler, process 0): device "
+                      "time per step in collective kernels and in all kernels")
   p.add_argument("--baseline", action="store_true",
                  help="also time the step with its all-reduces left out (wrong tokens, for "
                       "timing only): the all-reduce share of a step by difference")
@@ -218,6 +221,30 @@ def run(opts):
       tokens.append(np.asarray(nxt.addressable_data(0)))
     return np.stack(tokens, 1), itl
 
+  def profile_steps(step, steps=8):
+    """Device time per decode step: in collective kernels (jaxll's, NCCL's) and
+    in all kernels; None where the trace has no GPU kernels (CPU)."""
+    import os
+
+    from jaxll import kernel_profile
+
+    def work():
+      k_cache, v_cache = new_cache()
+      tok, pos = prompt_arrays[0], replicated(np.int32(0))
+      for _ in range(steps):
+        tok, k_cache, v_cache, pos = step(params, k_cache, v_cache, tok, pos)
+      tok.block_until_ready()
+
+    eu.line_up(opts)
+    if jax.process_index() != 0:  # (every process runs the steps; process 0 traces them)
+      work()
+      return None
+    times = kernel_profile.kernel_times(work, f"/tmp/tp_decode_trace_{os.getpid()}")
+    if not times:
+      return None
+    coll, total = kernel_profile.split(times)
+    return {"collective_kernel_us_per_step": coll / steps, "kernel_us_per_step": total / steps}
+
   reductions = {"psum": lambda v: jax.lax.psum(v, "tp"),
                 "jaxll": lambda v: jaxll.all_reduce(v, "tp"),
                 "none": lambda v: v}  # (each rank's partial sum: timing only)
@@ -238,6 +265,7 @@ def run(opts):
     compiled = step.lower(*args).compile()
     eu.line_up(opts)                                       # every process compiled
     tokens, itl = generate(compiled)
+    profile = profile_steps(compiled) if opts.profile else None
     steady = np.asarray(itl[1:]) * 1e3  # the first generated token's step is excluded
     report["runs"][name] = {
         "itl_ms_median": float(np.median(steady)), "itl_ms_p90": float(np.percentile(steady, 90)),
@@ -245,6 +273,8 @@ def run(opts):
         "paths": (sorted({s.algorithm for s in sites}) if sites else
                   ["none (baseline)"] if name == "none" else ["xla (psum)"]),
         "call_sites": len(sites)}
+    if opts.profile:
+      report["runs"][name]["profile"] = profile
     if name != "none":
       outputs[name] = tokens
   if "none" in report["runs"]:
@@ -272,6 +302,13 @@ def print_report(r):
           + (f" ({run['call_sites']} call sites)" if run["call_sites"] else "")
           + (f"; all-reduce share of a step {run['all_reduce_share']:.0%}"
              if "all_reduce_share" in run else ""))
+  for name, run in r["runs"].items():
+    if "profile" in run:
+      p = run["profile"]
+      print(f"  {name:6s} profile: " + ("no GPU kernels traced" if p is None else
+            f"collective kernels {p['collective_kernel_us_per_step']:.1f} us of "
+            f"{p['kernel_us_per_step']:.1f} us kernel time per step "
+            f"({p['collective_kernel_us_per_step'] / max(p['kernel_us_per_step'], 1e-9):.0%})"))
   for name, why in r["skipped"].items():
     print(f"  {name:6s} skipped: {why}")
   runs = [k for k in ("psum", "jaxll", "jaxll_fused") if k in r["runs"]]

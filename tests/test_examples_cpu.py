@@ -43,8 +43,12 @@ def test_tp_decode_fused_variant_gives_the_same_tokens(tmp_path, dtype):
   """--fused: each all-reduce + residual + RMSNorm through jaxll.all_reduce_rmsnorm
   (XLA's path on CPU), the scan carrying the normed residual; same tokens as psum."""
   report, stdout = _run(tmp_path, "tp_decode.py", "--tokens", "8", "--prompt", "4",
-                        "--context", "16", "--layers", "3", "--dtype", dtype, "--fused")
+                        "--context", "16", "--layers", "3", "--dtype", dtype, "--fused",
+                        "--profile")
   assert set(report["runs"]) == {"psum", "jaxll", "jaxll_fused"}
+  # --profile traces each run; on CPU the trace has no GPU kernels
+  assert all(run["profile"] is None for run in report["runs"].values())
+  assert "jaxll_fused profile: no GPU kernels traced" in stdout
   assert report["same_tokens"] is True, report
   fused = report["runs"]["jaxll_fused"]
   assert fused["paths"] == ["xla"] and fused["call_sites"] == 2  # 2 per layer (scan)

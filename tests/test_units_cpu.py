@@ -249,6 +249,17 @@ def test_bad_settings_fail_at_import_on_every_platform(env, pattern):
   assert r.returncode != 0 and pattern in r.stderr, r.stderr[-2000:]
 
 
+def test_kernel_profile_names_and_collective_share():
+  from jaxll import kernel_profile as kp
+  rms = "void jaxll::(anonymous namespace)::rmsnorm_kernel<__nv_bfloat16>(jaxll::(anonymous namespace)::RmsNormArgs)"
+  nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+  assert kp.short_name(rms) == "jaxll::rmsnorm_kernel"
+  assert kp.short_name("input_reduce_fusion_43") == "input_reduce_fusion_43"
+  assert kp.is_collective(rms) and kp.is_collective(nccl) and kp.is_collective("void " + nccl)
+  assert not kp.is_collective("loop_multiply_fusion_3")
+  assert kp.split({rms: (2, 10.0), nccl: (1, 4.0), "gemm": (3, 6.0)}) == (14.0, 20.0)
+
+
 def test_switches_read_0_false_no_off_as_off(monkeypatch):
   from jaxll import settings
   for off in ("0", "false", "No", "OFF", ""):

@@ -1,6 +1,8 @@
-"""Device time per kernel of a piece of JAX work, from JAX's profiler (CUPTI).
+"""Device time per kernel of a piece of JAX work, from JAX's profiler (CUPTI);
+used by benchmarks/fused_rmsnorm.py and examples/tp_decode.py (--profile).
 
-  times = kernel_times(lambda: f(x).block_until_ready(), "/tmp/trace")
+  from jaxll import kernel_profile
+  times = kernel_profile.kernel_times(lambda: f(x).block_until_ready(), "/tmp/trace")
   # {kernel name: (launches, total microseconds)}
 
 The kernel events come from the GPU planes of the trace (one line per stream),
@@ -40,6 +42,18 @@ def kernel_times(work, trace_dir: str) -> dict[str, tuple[int, float]]:
         count[event.name] += 1
         total[event.name] += event.duration_ns / 1e3
   return {name: (count[name], total[name]) for name in count}
+
+
+def is_collective(kernel: str) -> bool:
+  """jaxll's kernels and NCCL's (XLA's all-reduce on GPUs)."""
+  name = kernel[len("void "):] if kernel.startswith("void ") else kernel
+  return "jaxll::" in name or name.startswith("nccl")
+
+
+def split(times: dict[str, tuple[int, float]]) -> tuple[float, float]:
+  """(microseconds in collective kernels, microseconds in all kernels)."""
+  coll = sum(t for name, (_, t) in times.items() if is_collective(name))
+  return coll, sum(t for _, t in times.values())
 
 
 def short_name(kernel: str, width: int = 60) -> str:
