@@ -339,11 +339,17 @@ static int check_errors(Group& G, const char* what) {
 }
 
 // See HARNESS_SNAPSHOT_MS above. grids[i]: blocks of the burst's call i.
+// Its stream and pinned buffer are made before any burst (snapshot_setup): made
+// while kernels spin, they could wait for the device to go idle.
+static cudaStream_t g_snap_stream = nullptr;
+static WorkspaceHeader* g_snap_host = nullptr;
+static void snapshot_setup() {
+  CK(cudaStreamCreateWithFlags(&g_snap_stream, cudaStreamNonBlocking));
+  CK(cudaHostAlloc(&g_snap_host, sizeof(WorkspaceHeader) * kMaxRanks, cudaHostAllocDefault));
+}
 static void snapshot(Group& G, const std::vector<int64_t>& grids) {
-  cudaStream_t cs;
-  CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
-  WorkspaceHeader* h = nullptr;
-  CK(cudaHostAlloc(&h, sizeof(WorkspaceHeader) * G.n, cudaHostAllocDefault));
+  cudaStream_t cs = g_snap_stream;
+  WorkspaceHeader* h = g_snap_host;
   for (int r = 0; r < G.n; ++r)
     CK(cudaMemcpyAsync(h + r, G.r[r].header, sizeof(WorkspaceHeader), cudaMemcpyDeviceToHost, cs));
   CK(cudaStreamSynchronize(cs));
@@ -373,8 +379,6 @@ static void snapshot(Group& G, const std::vector<int64_t>& grids) {
            r, i == 0 ? 0 : i - 1, i, (long)grids[i], started, missing.c_str(), (unsigned long long)h[r].error);
   }
   fflush(stdout);
-  CK(cudaFreeHost(h));
-  CK(cudaStreamDestroy(cs));
 }
 
 static void read_hdr(Group& G, int r, uint64_t* tag, uint64_t* done) {
@@ -411,6 +415,7 @@ int main(int argc, char** argv) {
   const bool delays = env_long("HARNESS_DELAY", 1) != 0;
   const uint64_t timeout_ms = static_cast<uint64_t>(env_long("HARNESS_TIMEOUT_MS", 3000));
   const long snapshot_ms = env_long("HARNESS_SNAPSHOT_MS", 0);
+  if (snapshot_ms > 0) snapshot_setup();
   const char* only = getenv("HARNESS_CONFIGS");
   auto selected = [&](int n, int pdl, size_t scratch, int sig) {
     if (!only || !*only) return true;
