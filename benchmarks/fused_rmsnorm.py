@@ -79,15 +79,17 @@ def worker(opts) -> None:
         per_step.append((time.perf_counter() - t0) / (opts.runs * opts.chain) * 1e6)
       row[f"{name}_us"] = statistics.median(per_step)
       if opts.profile:
-        launch.barrier()
+        def traced():
+          launch.barrier()  # (after the profiler started on process 0: see tp_decode)
+          run_chain(2)
         if jax.process_index() == 0:
           from jaxll import kernel_profile
-          times = kernel_profile.kernel_times(lambda: run_chain(2), f"/tmp/jaxll_fused_trace_{os.getpid()}")
+          times = kernel_profile.kernel_times(traced, f"/tmp/jaxll_fused_trace_{os.getpid()}")
           steps = 2 * opts.chain
           row[f"{name}_kernels"] = {kernel_profile.short_name(k): [c / steps, t / steps]
                                     for k, (c, t) in times.items()}
         else:
-          run_chain(2)
+          traced()
     row["speedup"] = row["composed_us"] / row["fused_us"]
     rows.append(row)
   jaxll.check_errors()

@@ -39,6 +39,8 @@ def kernel_times(work, trace_dir: str) -> dict[str, tuple[int, float]]:
       if "stream" not in line.name.lower():  # (skip the summary lines)
         continue
       for event in line.events:
+        if event.name.lower().startswith(("memcpy", "memset")):  # copies, not kernels
+          continue
         count[event.name] += 1
         total[event.name] += event.duration_ns / 1e3
   return {name: (count[name], total[name]) for name in count}
