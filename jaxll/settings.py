@@ -67,6 +67,14 @@ def validate() -> None:
     value = os.environ.get(name)
     if value not in (None, "", "0", "1"):
       raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+  carveout = os.environ.get("JAXLL_SMEM_CARVEOUT", "")
+  if carveout.strip():
+    try:
+      ok = -1 <= int(carveout) <= 100
+    except ValueError:
+      ok = False
+    if not ok:
+      raise ValueError(f"JAXLL_SMEM_CARVEOUT must be an integer from -1 to 100, got {carveout!r}")
   on_error()
   table = os.environ.get("JAXLL_AUTO_TABLE")
   if table:
