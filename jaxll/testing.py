@@ -172,6 +172,8 @@ def calls(nranks: int, ranks, *, device=None,
     unknown = set(r) - {"algorithm", "dtype", "op", "count", "skip", "delay_us", "delay_kernels"}
     if unknown:
       raise ValueError(f"calls: unknown keys {sorted(unknown)}")
+    if int(r.get("delay_kernels", 1)) < 1:
+      raise ValueError(f"calls: delay_kernels must be at least 1, got {r['delay_kernels']}")
     name = _kernel_name(r.get("algorithm", "oneshot_ll"))
     dtype = np.dtype(jax.numpy.dtype(r.get("dtype", "float32")))
     op = r.get("op", "sum")

@@ -54,7 +54,8 @@ int shared_memory_carveout() {
   if (want.empty()) return 0;
   char* end = nullptr;
   const long v = std::strtol(want.c_str(), &end, 10);
-  if (*end != '\0' || v < -1 || v > 100) {
+  const bool digits = want[0] == '-' || (want[0] >= '0' && want[0] <= '9');
+  if (!digits || *end != '\0' || v < -1 || v > 100) {
     throw std::runtime_error("JAXLL_SMEM_CARVEOUT must be an integer from -1 to 100, got '" + want + "'");
   }
   return static_cast<int>(v);
