@@ -91,26 +91,44 @@ nb::bytes virtual_broadcast(int64_t workspace, int ordinal, int nranks, nb::byte
       throw std::runtime_error(error);
     }
   }
-  check(cudaSetDevice(ordinal), "selecting the device");
-  VirtualRun run;
-  check(cudaMalloc(&run.in, total), "allocating the inputs");
-  check(cudaMalloc(&run.out, total), "allocating the outputs");
-  check(cudaMemcpy(run.in, inputs.c_str(), total, cudaMemcpyHostToDevice), "copying the inputs");
-  check(cudaMemset(run.out, 0, total), "clearing the outputs");
-  for (int r = 0; r < nranks; ++r) {
-    cudaStream_t s;
-    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "creating a stream");
-    run.streams.push_back(s);
-  }
-  check(cudaDeviceSynchronize(), "before the call");
-  for (int r = 0; r < nranks; ++r) {
-    check(launch_broadcast(views[r], run.in + r * size, run.out + r * size,
-                           static_cast<int64_t>(size), root, run.streams[r]),
-          "launching the kernel");
-  }
-  for (cudaStream_t s : run.streams) check(cudaStreamSynchronize(s), "running the kernels");
+  const std::string host_in(inputs.c_str(), total);
   std::string result(total, '\0');
-  check(cudaMemcpy(result.data(), run.out, total, cudaMemcpyDeviceToHost), "copying the outputs");
+  {
+    nb::gil_scoped_release release;  // (the kernels may wait up to the workspace's timeout)
+    int previous = -1;
+    cudaGetDevice(&previous);
+    struct DeviceRestore {
+      int device;
+      ~DeviceRestore() {
+        if (device >= 0) cudaSetDevice(device);
+      }
+    } restore{previous};
+    check(cudaSetDevice(ordinal), "selecting the device");
+    VirtualRun run;
+    check(cudaMalloc(&run.in, total), "allocating the inputs");
+    check(cudaMalloc(&run.out, total), "allocating the outputs");
+    check(cudaMemcpy(run.in, host_in.data(), total, cudaMemcpyHostToDevice), "copying the inputs");
+    check(cudaMemset(run.out, 0, total), "clearing the outputs");
+    for (int r = 0; r < nranks; ++r) {
+      cudaStream_t s;
+      check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "creating a stream");
+      run.streams.push_back(s);
+    }
+    check(cudaDeviceSynchronize(), "before the call");
+    for (int r = 0; r < nranks; ++r) {
+      const cudaError_t e = launch_broadcast(views[r], run.in + r * size, run.out + r * size,
+                                             static_cast<int64_t>(size), root, run.streams[r]);
+      if (e != cudaSuccess) {
+        // the ranks launched before it wait for it until the timeout, then record it
+        for (int k = 0; k < r; ++k) cudaStreamSynchronize(run.streams[k]);
+        throw std::runtime_error("virtual_broadcast: launching rank " + std::to_string(r) +
+                                 " failed (" + cudaGetErrorString(e) +
+                                 "); the ranks before it gave up waiting: call jaxll.reset()");
+      }
+    }
+    for (cudaStream_t s : run.streams) check(cudaStreamSynchronize(s), "running the kernels");
+    check(cudaMemcpy(result.data(), run.out, total, cudaMemcpyDeviceToHost), "copying the outputs");
+  }
   for (int r = 0; r < nranks; ++r) {  // a wait that gave up: raise, as the FFI target does
     jaxll::RankView unused;
     if (g_api->get_rank_view_of(workspace, 0, r, &unused, error, sizeof(error)) != jaxll::kExtensionOk) {
