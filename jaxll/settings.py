@@ -10,6 +10,7 @@ typo never passes silently (also on CPU, where no kernel would read it).
 from __future__ import annotations
 
 import os
+import re
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -67,6 +68,10 @@ def validate() -> None:
     value = os.environ.get(name)
     if value not in (None, "", "0", "1"):
       raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+  carveout = os.environ.get("JAXLL_SMEM_CARVEOUT", "")
+  if carveout != "":  # (the same rule as workspace.cc: digits, an optional minus, -1..100)
+    if not (re.fullmatch(r"-?[0-9]+", carveout) and -1 <= int(carveout) <= 100):
+      raise ValueError(f"JAXLL_SMEM_CARVEOUT must be an integer from -1 to 100, got {carveout!r}")
   on_error()
   table = os.environ.get("JAXLL_AUTO_TABLE")
   if table:

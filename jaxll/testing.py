@@ -157,7 +157,10 @@ def calls(nranks: int, ranks, *, device=None,
   arguments. ``ranks[r]`` is a dict for rank r with any of ``algorithm``
   (default "oneshot_ll"), ``dtype`` ("float32"), ``op`` ("sum"), ``count``
   (1024), ``skip`` (False: the rank makes no call, it never arrives) and
-  ``delay_us`` (0: how long the rank's stream is held before its call). Inputs
+  ``delay_us`` (0: how long the rank's stream is held before its call) and
+  ``delay_kernels`` (1: that many one-thread delay kernels of ``delay_us`` each
+  in a row; the later ones have to start while the other ranks' calls already
+  spin on the GPU). Inputs
   are 0x11 bytes. Waits for every rank and returns, per rank, how many of its
   output elements hold the poison pattern (all-ones bits); errors the kernels
   recorded are in :func:`jaxll.errors`.
@@ -166,9 +169,11 @@ def calls(nranks: int, ranks, *, device=None,
     raise ValueError(f"calls: need one dict per rank ({nranks}), got {len(ranks)}")
   spec = []
   for r in ranks:
-    unknown = set(r) - {"algorithm", "dtype", "op", "count", "skip", "delay_us"}
+    unknown = set(r) - {"algorithm", "dtype", "op", "count", "skip", "delay_us", "delay_kernels"}
     if unknown:
       raise ValueError(f"calls: unknown keys {sorted(unknown)}")
+    if int(r.get("delay_kernels", 1)) < 1:
+      raise ValueError(f"calls: delay_kernels must be at least 1, got {r['delay_kernels']}")
     name = _kernel_name(r.get("algorithm", "oneshot_ll"))
     dtype = np.dtype(jax.numpy.dtype(r.get("dtype", "float32")))
     op = r.get("op", "sum")
@@ -177,7 +182,7 @@ def calls(nranks: int, ranks, *, device=None,
       raise TypeError(f"calls: {problem}")
     spec.append((algorithms.SPECS[name].code, algorithms.DTYPE_CODES[dtype.name],
                  algorithms.OP_CODES[op], int(r.get("count", 1024)), bool(r.get("skip", False)),
-                 int(r.get("delay_us", 0))))
+                 int(r.get("delay_us", 0)), int(r.get("delay_kernels", 1))))
   ws = virtual_workspace(nranks, device=device, config=config)
   return list(ext.virtual_calls(ws.id, spec))
 

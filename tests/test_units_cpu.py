@@ -238,6 +238,9 @@ def test_no_errors_without_workspaces():
     ({"JAXLL_LOG_PATHS": "2"}, "JAXLL_LOG_PATHS must be one of"),
     ({"JAXLL_PDL": "yes"}, "JAXLL_PDL must be 0 or 1"),
     ({"JAXLL_SIGNATURES": "off"}, "JAXLL_SIGNATURES must be 0 or 1"),
+    ({"JAXLL_SMEM_CARVEOUT": "max"}, "JAXLL_SMEM_CARVEOUT must be an integer from -1 to 100"),
+    ({"JAXLL_SMEM_CARVEOUT": "101"}, "JAXLL_SMEM_CARVEOUT must be an integer from -1 to 100"),
+    ({"JAXLL_SMEM_CARVEOUT": " 5"}, "JAXLL_SMEM_CARVEOUT must be an integer from -1 to 100"),
     ({"JAXLL_ON_ERROR": "abort"}, "JAXLL_ON_ERROR must be 'poison' or 'trap'"),
 ])
 def test_bad_settings_fail_at_import_on_every_platform(env, pattern):

@@ -36,11 +36,40 @@ int get_rank_view(int64_t workspace, int ordinal, RankView* view, char* error, s
   return kExtensionOk;
 }
 
+int get_rank_view_of(int64_t workspace, int group, int rank, RankView* view, char* error,
+                     size_t error_len) {
+  Workspace* c = workspace_lookup(workspace);
+  if (c == nullptr) {
+    return fail(kExtensionNoWorkspace,
+                "jaxll: workspace " + std::to_string(workspace) +
+                    " does not exist (freed by jaxll.free_workspaces()?)",
+                error, error_len);
+  }
+  const std::string which = "rank " + std::to_string(rank) + " of group " + std::to_string(group) +
+                            " of workspace " + std::to_string(workspace);
+  if (group < 0 || group >= c->group_count() || rank < 0 || rank >= c->group_size()) {
+    return fail(kExtensionNotMember,
+                "jaxll: no " + which + " (" + std::to_string(c->group_count()) + " groups of " +
+                    std::to_string(c->group_size()) + " ranks)",
+                error, error_len);
+  }
+  if (!c->has_rank(group, rank) || !c->connected()) {
+    return fail(kExtensionNotMember, "jaxll: " + which + " is not in this process", error,
+                error_len);
+  }
+  const Rank& r = c->rank(group, rank);
+  if (uint64_t word = c->error_word(r)) {
+    return fail(kExtensionHasError, c->describe_error(r, word), error, error_len);
+  }
+  *view = r.view;
+  return kExtensionOk;
+}
+
 }  // namespace
 
 const ExtensionApi* extension_api() {
   static const ExtensionApi api{kExtensionApiVersion, static_cast<uint32_t>(sizeof(RankView)),
-                                &get_rank_view};
+                                &get_rank_view, &get_rank_view_of};
   return &api;
 }
 

@@ -289,10 +289,10 @@ NB_MODULE(_jaxll, m) {
     return d;
   }, "id"_a, "algorithms"_a, "dtype"_a, "op"_a, "counts"_a, "seed"_a, "max_delay_us"_a);
 
-  m.def("virtual_calls", [](int64_t id, const std::vector<std::tuple<int, int, int, int64_t, bool, int64_t>>& spec) {
+  m.def("virtual_calls", [](int64_t id, const std::vector<std::tuple<int, int, int, int64_t, bool, int64_t, int>>& spec) {
     Workspace& c = get_comm(id);
     std::vector<RankCall> calls;
-    for (const auto& [algorithm, dtype, op, count, skip, delay_us] : spec) {
+    for (const auto& [algorithm, dtype, op, count, skip, delay_us, delay_kernels] : spec) {
       RankCall rc;
       rc.algorithm = static_cast<Algorithm>(algorithm);
       rc.dtype = static_cast<DType>(dtype);
@@ -300,13 +300,14 @@ NB_MODULE(_jaxll, m) {
       rc.count = count;
       rc.skip = skip;
       rc.delay_us = delay_us;
+      rc.delay_kernels = delay_kernels;
       calls.push_back(rc);
     }
     nb::gil_scoped_release release;
     return virtual_calls(c, calls);
   }, "id"_a, "calls"_a,
         "One all-reduce per virtual rank, each with its own (algorithm, dtype, op, count, "
-        "skip, delay_us); returns each rank's count of poisoned output elements.");
+        "skip, delay_us, delay_kernels); returns each rank's count of poisoned output elements.");
 
   m.def("virtual_rmsnorm", [](int64_t id, int dtype, nb::bytes x, nb::bytes residual,
                               nb::bytes weight, int64_t tokens, int64_t hidden, float eps) {

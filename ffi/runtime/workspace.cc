@@ -40,6 +40,27 @@ std::vector<const void*>& preloaded_kernels() {
   return fns;
 }
 
+// One shared-memory carveout preference for every jaxll kernel (percent of the
+// most shared memory; JAXLL_SMEM_CARVEOUT, default 0 = the most L1; -1 leaves
+// the driver's choice). The kernels need almost no shared memory, but left to
+// itself the driver picks a configuration per kernel from its block size, and
+// an SM changes configuration only when idle. Hypothesis under test (session 6,
+// tests/gpu_scripts/fused_rmsnorm_harness.cu): once spinning blocks of the
+// ranks that arrived sit on every SM, a lagging rank's kernel that wants
+// another configuration is placed nowhere, and every rank times out.
+int shared_memory_carveout() {
+  const char* env = std::getenv("JAXLL_SMEM_CARVEOUT");
+  const std::string want = env ? env : "";
+  if (want.empty()) return 0;
+  char* end = nullptr;
+  const long v = std::strtol(want.c_str(), &end, 10);
+  const bool digits = want[0] == '-' || (want[0] >= '0' && want[0] <= '9');
+  if (!digits || *end != '\0' || v < -1 || v > 100) {
+    throw std::runtime_error("JAXLL_SMEM_CARVEOUT must be an integer from -1 to 100, got '" + want + "'");
+  }
+  return static_cast<int>(v);
+}
+
 // Loads every kernel jaxll may launch on the current device. With CUDA's lazy
 // loading, a kernel loaded on first launch while a collective spins elsewhere
 // can stall behind it until the collective's deadline; so nothing is left lazy.
@@ -49,9 +70,14 @@ void load_all_kernels() {
     std::lock_guard<std::mutex> lock(g_preload_mutex);
     fns.insert(fns.end(), preloaded_kernels().begin(), preloaded_kernels().end());
   }
+  const int carveout = shared_memory_carveout();
   for (const void* fn : fns) {
     cudaFuncAttributes attr;  // querying the attributes loads the kernel
     check_cuda(cudaFuncGetAttributes(&attr, fn), "loading jaxll kernels");
+    if (carveout >= 0) {
+      check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, carveout),
+                 "setting the shared-memory carveout of jaxll kernels");
+    }
   }
 }
 

@@ -418,7 +418,8 @@ std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>&
   check_cuda(cudaDeviceSynchronize(), "preparing the calls");
   for (int r = 0; r < n; ++r) {
     if (calls[r].skip || calls[r].delay_us <= 0) continue;
-    delay_kernel<<<1, 1, 0, comm.rank(0, r).stream>>>(static_cast<uint64_t>(calls[r].delay_us) * 1000);
+    for (int k = 0; k < calls[r].delay_kernels; ++k)
+      delay_kernel<<<1, 1, 0, comm.rank(0, r).stream>>>(static_cast<uint64_t>(calls[r].delay_us) * 1000);
   }
   for (int r = 0; r < n; ++r) {
     if (calls[r].skip) continue;

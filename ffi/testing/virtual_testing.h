@@ -54,6 +54,8 @@ struct RankCall {
   int64_t count = 1;
   bool skip = false;      // the rank makes no call (it never arrives)
   int64_t delay_us = 0;   // the rank's stream is held this long before its call
+  int delay_kernels = 1;  // by this many one-thread kernels in a row, delay_us each (the
+                          // later ones must find an SM while the other ranks' calls spin)
 };
 
 // Fault injection: one all-reduce per virtual rank of `comm`, each rank with

@@ -55,19 +55,19 @@ for n in ranks:
   # error paths: a mismatch, a rank that never arrives, then a reset
   comm = ext.create_workspace([[0] * n], True, 4096, 3000)
   ll, sen = algorithms.SPECS["oneshot_ll"].code, algorithms.SPECS["twoshot_sentinel"].code
-  spec = [(ll, 0, 0, 5000, False, 0)] * n
-  spec[-1] = (sen, 0, 0, 3000, False, 0)
+  spec = [(ll, 0, 0, 5000, False, 0, 1)] * n
+  spec[-1] = (sen, 0, 0, 3000, False, 0, 1)
   got = ext.virtual_calls(comm, spec)
   kinds = {int(ext.decode_error(w)[0]) for *_, w, _ in ext.workspace_errors(comm)}
   print(n, "mismatch", got, kinds, flush=True)
   bad += int(got != [5000] * (n - 1) + [3000] or kinds != {2})
   ext.workspace_reset(comm)
-  spec = [(sen, 0, 0, 5000, r == 0, 0) for r in range(n)]
+  spec = [(sen, 0, 0, 5000, r == 0, 0, 1) for r in range(n)]
   got = ext.virtual_calls(comm, spec)
   print(n, "skip", got, flush=True)
   bad += int(got != [0] + [5000] * (n - 1) or not ext.workspace_errors(comm))
   ext.workspace_reset(comm)
-  got = ext.virtual_calls(comm, [(ll, 0, 0, 5000, False, 0)] * n)
+  got = ext.virtual_calls(comm, [(ll, 0, 0, 5000, False, 0, 1)] * n)
   print(n, "after reset", got, flush=True)
   bad += int(got != [0] * n or bool(ext.workspace_errors(comm)))
   ext.free_workspace(comm)

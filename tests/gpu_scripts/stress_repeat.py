@@ -60,7 +60,9 @@ if res["error"]:
 print(json.dumps(out))
 '''
 SETTINGS = [("default", {}), ("JAXLL_SIGNATURES=0", {"JAXLL_SIGNATURES": "0"}),
-            ("JAXLL_PDL=0", {"JAXLL_PDL": "0"})]
+            ("JAXLL_PDL=0", {"JAXLL_PDL": "0"}),
+            # the driver's own shared-memory configuration per kernel (before uniform-carveout)
+            ("JAXLL_SMEM_CARVEOUT=-1", {"JAXLL_SMEM_CARVEOUT": "-1"})]
 
 
 def main():

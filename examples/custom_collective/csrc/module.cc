@@ -6,6 +6,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "broadcast_kernel.h"
 #include "jaxll/extension.h"
@@ -52,6 +53,91 @@ ffi::Error BroadcastExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer
   return ffi::Error::Success();
 }
 
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    throw std::runtime_error(std::string("virtual_broadcast: ") + what + ": " + cudaGetErrorString(e));
+  }
+}
+
+// Device memory and streams of one virtual_broadcast, freed however it ends.
+struct VirtualRun {
+  char* in = nullptr;
+  char* out = nullptr;
+  std::vector<cudaStream_t> streams;
+  ~VirtualRun() {
+    for (cudaStream_t s : streams) cudaStreamDestroy(s);
+    cudaFree(in);
+    cudaFree(out);
+  }
+};
+
+// The broadcast on the `nranks` virtual ranks of workspace `workspace`
+// (jaxll.testing.virtual_workspace, on CUDA device `ordinal`), driven from the
+// host: rank r's input is bytes [r * size, (r + 1) * size) of `inputs`; returns
+// every rank's output, concatenated the same way. The ranks' kernels go
+// breadth-first, each on a stream of its own, as the extension API asks.
+nb::bytes virtual_broadcast(int64_t workspace, int ordinal, int nranks, nb::bytes inputs,
+                            int root) {
+  if (g_api == nullptr) throw std::runtime_error("virtual_broadcast: init() was not called");
+  if (nranks < 1 || inputs.size() % static_cast<size_t>(nranks) != 0) {
+    throw std::invalid_argument("virtual_broadcast: the inputs must split into nranks equal parts");
+  }
+  const size_t total = inputs.size();
+  const size_t size = total / static_cast<size_t>(nranks);
+  char error[512];
+  std::vector<jaxll::RankView> views(static_cast<size_t>(nranks));
+  for (int r = 0; r < nranks; ++r) {
+    if (g_api->get_rank_view_of(workspace, 0, r, &views[r], error, sizeof(error)) != jaxll::kExtensionOk) {
+      throw std::runtime_error(error);
+    }
+  }
+  const std::string host_in(inputs.c_str(), total);
+  std::string result(total, '\0');
+  {
+    nb::gil_scoped_release release;  // (the kernels may wait up to the workspace's timeout)
+    int previous = -1;
+    cudaGetDevice(&previous);
+    struct DeviceRestore {
+      int device;
+      ~DeviceRestore() {
+        if (device >= 0) cudaSetDevice(device);
+      }
+    } restore{previous};
+    check(cudaSetDevice(ordinal), "selecting the device");
+    VirtualRun run;
+    check(cudaMalloc(&run.in, total), "allocating the inputs");
+    check(cudaMalloc(&run.out, total), "allocating the outputs");
+    check(cudaMemcpy(run.in, host_in.data(), total, cudaMemcpyHostToDevice), "copying the inputs");
+    check(cudaMemset(run.out, 0, total), "clearing the outputs");
+    for (int r = 0; r < nranks; ++r) {
+      cudaStream_t s;
+      check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "creating a stream");
+      run.streams.push_back(s);
+    }
+    check(cudaDeviceSynchronize(), "before the call");
+    for (int r = 0; r < nranks; ++r) {
+      const cudaError_t e = launch_broadcast(views[r], run.in + r * size, run.out + r * size,
+                                             static_cast<int64_t>(size), root, run.streams[r]);
+      if (e != cudaSuccess) {
+        // the ranks launched before it wait for it until the timeout, then record it
+        for (int k = 0; k < r; ++k) cudaStreamSynchronize(run.streams[k]);
+        throw std::runtime_error("virtual_broadcast: launching rank " + std::to_string(r) +
+                                 " failed (" + cudaGetErrorString(e) +
+                                 "); the ranks before it gave up waiting: call jaxll.reset()");
+      }
+    }
+    for (cudaStream_t s : run.streams) check(cudaStreamSynchronize(s), "running the kernels");
+    check(cudaMemcpy(result.data(), run.out, total, cudaMemcpyDeviceToHost), "copying the outputs");
+  }
+  for (int r = 0; r < nranks; ++r) {  // a wait that gave up: raise, as the FFI target does
+    jaxll::RankView unused;
+    if (g_api->get_rank_view_of(workspace, 0, r, &unused, error, sizeof(error)) != jaxll::kExtensionOk) {
+      throw std::runtime_error(error);
+    }
+  }
+  return nb::bytes(result.data(), result.size());
+}
+
 }  // namespace
 }  // namespace custom_collective
 
@@ -83,6 +169,8 @@ NB_MODULE(_broadcast, m) {
     }
     custom_collective::g_api = table;
   }, nb::arg("api"));
+  m.def("virtual_broadcast", &custom_collective::virtual_broadcast, nb::arg("workspace"),
+        nb::arg("ordinal"), nb::arg("nranks"), nb::arg("inputs"), nb::arg("root"));
   m.def("handler", [] {
     return nb::capsule(reinterpret_cast<void*>(&custom_broadcast_handler));
   });

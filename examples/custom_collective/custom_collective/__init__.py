@@ -17,7 +17,7 @@ from jax._src.interpreters import mlir
 
 import jaxll
 
-__all__ = ["broadcast", "kernels_available"]
+__all__ = ["broadcast", "kernels_available", "virtual_broadcast"]
 
 try:
   from custom_collective import _broadcast as _ext
@@ -33,6 +33,23 @@ else:
 
 def kernels_available() -> bool:
   return _ext is not None
+
+
+def virtual_broadcast(x, *, root: int = 0, device=None) -> np.ndarray:
+  """The kernel on virtual ranks (several ranks on one GPU, for tests): row r
+  of ``x`` (shape ``(N, ...)``) is rank r's input, run by the N virtual ranks
+  of ``jaxll.testing.virtual_workspace(N)`` on `device` (the first GPU by
+  default); returns the N ranks' outputs (each should be ``x[root]``)."""
+  if _ext is None:
+    raise RuntimeError("custom_collective.virtual_broadcast needs the compiled kernel and jaxll's")
+  from jaxll import testing
+  x = np.ascontiguousarray(np.asarray(x))
+  n = x.shape[0]
+  if not 0 <= root < n:
+    raise ValueError(f"root must be in 0..{n - 1}, got {root}")
+  ws = testing.virtual_workspace(n, device=device)  # (raises without a CUDA GPU)
+  out = _ext.virtual_broadcast(ws.id, ws.ordinals[0][0], n, x.tobytes(), int(root))
+  return np.frombuffer(out, dtype=x.dtype).reshape(x.shape)
 
 
 broadcast_p = core.Primitive("custom_broadcast")

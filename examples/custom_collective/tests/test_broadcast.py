@@ -1,7 +1,7 @@
 """custom_collective.broadcast: on 8 CPU devices (XLA's path) against the
 root's rows; its GPU lowering (cross-lowered for CUDA on any machine) chained
-with jaxll's own calls; and, with a GPU, the kernel itself in 2 processes
-sharing it (pytest -m gpu)."""
+with jaxll's own calls; and, with a GPU, the kernel itself on virtual ranks
+and in 2 and 4 processes sharing it (pytest -m gpu)."""
 
 import os
 import sys
@@ -64,6 +64,23 @@ def test_gpu_lowering_is_chained_with_jaxll_calls(mesh, monkeypatch):
   assert [c[1] for c in calls] == ["jaxll_all_reduce", "custom_broadcast", "jaxll_all_reduce"]
   assert calls[1][3] == calls[0][0] + "#1" and calls[2][3] == calls[1][0] + "#1", calls
   assert "comm = 7" in text and "root = 3" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_kernel_on_virtual_ranks(n):
+  if not (cc.kernels_available() and any(d.platform == "gpu" for d in jax.devices())):
+    pytest.skip("needs a GPU and the compiled kernel")
+  rng = np.random.default_rng(n)
+  for shape, dtype in (((1,), np.int8), ((37,), np.float32), ((1000, 3), np.int32),
+                       ((4096,), np.uint8), ((300_001,), np.float32)):
+    x = rng.integers(0, 100, size=(n, *shape)).astype(dtype)
+    for root in sorted({0, n - 1, n // 2}):
+      got = cc.virtual_broadcast(x, root=root)
+      for r in range(n):
+        np.testing.assert_array_equal(got[r], x[root], err_msg=f"rank {r}, root {root}, {shape}")
+  with pytest.raises(ValueError, match="root must be in"):
+    cc.virtual_broadcast(np.zeros((n, 4), np.float32), root=n)
 
 
 @pytest.mark.gpu

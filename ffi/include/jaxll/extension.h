@@ -28,7 +28,8 @@
 
 namespace jaxll {
 
-constexpr uint32_t kExtensionApiVersion = 2;  // 2: WorkspaceHeader gained the row-norm exchange
+// 2: WorkspaceHeader gained the row-norm exchange; 3: get_rank_view_of
+constexpr uint32_t kExtensionApiVersion = 3;
 
 // What get_rank_view returns.
 enum ExtensionStatus : int {
@@ -48,6 +49,17 @@ struct ExtensionApi {
   // execution threads (the workspace registry's lookups take no lock).
   int (*get_rank_view)(int64_t workspace, int ordinal, RankView* view, char* error,
                        size_t error_len);
+  // Fills *view with rank `rank` of group `group` of workspace `workspace`,
+  // whatever device it is on: the way to the ranks of a virtual workspace
+  // (jaxll.testing.virtual_workspace: several ranks on one device, where the
+  // ordinal does not tell them apart) for a host-driven test of an extension's
+  // kernel. A virtual rank's kernel runs on a stream of its own, the ranks'
+  // calls issued breadth-first (every rank's call, then anything that waits on
+  // them), and a grid stays within view.max_blocks so that every rank's blocks
+  // are resident at once. kExtensionNotMember for a rank of another process or
+  // indices out of range. Same error contract as get_rank_view.
+  int (*get_rank_view_of)(int64_t workspace, int group, int rank, RankView* view, char* error,
+                          size_t error_len);
 };
 
 }  // namespace jaxll
