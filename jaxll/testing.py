@@ -159,8 +159,8 @@ def calls(nranks: int, ranks, *, device=None,
   (1024), ``skip`` (False: the rank makes no call, it never arrives) and
   ``delay_us`` (0: how long the rank's stream is held before its call) and
   ``delay_kernels`` (1: that many one-thread delay kernels of ``delay_us`` each
-  in a row; the later ones have to start while the other ranks' calls already
-  spin on the GPU). Inputs
+  in a row). A late rank's kernels are queued 2 ms after the other ranks' calls,
+  so they have to start while those calls already spin on the GPU. Inputs
   are 0x11 bytes. Waits for every rank and returns, per rank, how many of its
   output elements hold the poison pattern (all-ones bits); errors the kernels
   recorded are in :func:`jaxll.errors`.

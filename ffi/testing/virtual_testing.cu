@@ -4,8 +4,10 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <chrono>
 #include <type_traits>
 #include <stdexcept>
+#include <thread>
 
 #include "jaxll/elements.cuh"
 #include "jaxll/spin_wait.cuh"
@@ -416,17 +418,27 @@ std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>&
     check_cuda(cudaMemset(out[r], 0, bytes), "clearing outputs");
   }
   check_cuda(cudaDeviceSynchronize(), "preparing the calls");
-  for (int r = 0; r < n; ++r) {
-    if (calls[r].skip || calls[r].delay_us <= 0) continue;
-    for (int k = 0; k < calls[r].delay_kernels; ++k)
-      delay_kernel<<<1, 1, 0, comm.rank(0, r).stream>>>(static_cast<uint64_t>(calls[r].delay_us) * 1000);
-  }
-  for (int r = 0; r < n; ++r) {
-    if (calls[r].skip) continue;
+  // The ranks on time are queued first and given a moment to be resident (spinning on
+  // the late ranks); only then are the late ranks' delay kernels queued, so those have
+  // to find room on an SM while the other calls occupy the GPU, as a lagging rank's
+  // kernels do in a real run.
+  auto launch = [&](int r) {
     const RankCall& c = calls[r];
+    for (int k = 0; c.delay_us > 0 && k < c.delay_kernels; ++k)
+      delay_kernel<<<1, 1, 0, comm.rank(0, r).stream>>>(static_cast<uint64_t>(c.delay_us) * 1000);
     check_cuda(launch_all_reduce(c.algorithm, c.dtype, c.op, comm.rank(0, r).view, in[r], out[r],
                                  c.count, comm.rank(0, r).stream),
                "launching an all-reduce");
+  };
+  bool any_late = false;
+  for (int r = 0; r < n; ++r) {
+    if (calls[r].skip) continue;
+    if (calls[r].delay_us > 0) any_late = true;
+    else launch(r);
+  }
+  if (any_late) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  for (int r = 0; r < n; ++r) {
+    if (!calls[r].skip && calls[r].delay_us > 0) launch(r);
   }
   for (int r = 0; r < n; ++r) {
     count_poison_kernel<<<64, 256, 0, comm.rank(0, r).stream>>>(

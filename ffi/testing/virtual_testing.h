@@ -53,9 +53,10 @@ struct RankCall {
   ReduceOp op = ReduceOp::kSum;
   int64_t count = 1;
   bool skip = false;      // the rank makes no call (it never arrives)
-  int64_t delay_us = 0;   // the rank's stream is held this long before its call
-  int delay_kernels = 1;  // by this many one-thread kernels in a row, delay_us each (the
-                          // later ones must find an SM while the other ranks' calls spin)
+  int64_t delay_us = 0;   // the rank's stream is held this long before its call, by
+  int delay_kernels = 1;  // this many one-thread kernels in a row, delay_us each, queued
+                          // 2 ms after the other ranks' calls (so they must find an SM
+                          // while those calls spin)
 };
 
 // Fault injection: one all-reduce per virtual rank of `comm`, each rank with
