@@ -9,8 +9,9 @@ kernels per call where a GPU serves the all-reduce. ``algorithm="fused"``
 asks for the single kernel that does all three on the one-shot LL16 path
 (``ffi/kernels/all_reduce_rmsnorm.cu``); where it cannot serve the call (CPU,
 no workspace, hidden size whose bytes are not a multiple of 8, ...) the
-composition serves it. The fused kernel has not run on a GPU yet, so ``auto``
-never picks it.
+composition serves it. ``auto`` never picks the fused kernel: it beats the
+composition only for decode steps of a few tokens (``benchmarks/README.md``,
+"Fused all-reduce + RMSNorm").
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
     algorithm: the all-reduce's algorithm, as in :func:`jaxll.all_reduce`, or
       ``"fused"``: one kernel for all three steps where a jaxll workspace
       serves the axes (float32/bfloat16/float16, the hidden size's bytes a
-      multiple of 8), else the composition. Not yet run on a GPU: opt-in.
+      multiple of 8), else the composition. Opt-in: it wins for a few tokens
+      per step (see ``benchmarks/README.md``).
 
   Differentiable in ``x``, ``residual`` and ``weight`` (the all-reduce's
   transpose is psum's). ``jaxll.explain`` lists its all-reduce as a call site
