@@ -181,12 +181,27 @@ __device__ __forceinline__ float row_total(const RmsNormArgs& a, const Segment& 
 // it; its failure reaches the siblings, which then poison their segments).
 // Slot parity alternates by row: a sibling writes row k + 2's slot only after
 // the barrier of row k + 1, which this block reaches after reading row k's.
+// No block may touch a sibling's shared memory before the sibling has started:
+// every thread arrives on the cluster barrier at kernel entry
+// (cluster_entry_arrive) and waits on it before its first exchange (`entered`
+// tracks that), so the wait costs nothing once the row is reduced. After its
+// last exchange no block touches another's shared memory, so blocks may exit.
+__device__ __forceinline__ void cluster_entry_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float cluster_row_total(float part, int parity, int segments,
-                                                   bool* ok) {
+                                                   bool* ok, bool* entered) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   __shared__ float s_total_part[2][kClusterSegments];
   __shared__ int s_total_bad[2][kClusterSegments];
+  if (!*entered) {
+    asm volatile("barrier.cluster.wait;" ::: "memory");  // every sibling has started
+    *entered = true;
+  }
   cg::cluster_group cluster = cg::this_cluster();
   const unsigned seg = cluster.block_rank();
   if (threadIdx.x < static_cast<unsigned>(segments)) {
@@ -211,10 +226,10 @@ __device__ __forceinline__ float cluster_row_total(float part, int parity, int s
 // A clustered block that gave up before row `from`'s exchange: it still takes
 // part in the exchanges of that row and the later ones, flagged as failed.
 __device__ __forceinline__ void cluster_drain(const RmsNormArgs& a, const Segment& g,
-                                              int64_t from) {
+                                              int64_t from, bool* entered) {
   for (int64_t k = from; k < g.rows; ++k) {
     bool failed = false;
-    cluster_row_total(0.f, static_cast<int>(k & 1), a.segments, &failed);
+    cluster_row_total(0.f, static_cast<int>(k & 1), a.segments, &failed, entered);
   }
 }
 
@@ -232,6 +247,8 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
   const bool vec = ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(res) |
                      reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(nres) |
                      reinterpret_cast<uintptr_t>(normed)) % 8) == 0;
+  bool entered = false;  // (clustered: this thread has waited out the entry barrier)
+  if (a.clustered) cluster_entry_arrive();
   collective_prologue(a.base);
   JAXLL_PHASE(0);
 
@@ -249,7 +266,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
   JAXLL_PHASE(1);
   if (bs.had_error) {
     poison_segments<T>(a, g);
-    if (a.clustered) cluster_drain(a, g, 0);
+    if (a.clustered) cluster_drain(a, g, 0, &entered);
     return;
   }
   // A segment that one round moves with one unit per thread keeps its unit of
@@ -307,7 +324,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
       const bool last_round = k + 1 == g.rows && c + 1 == chunks;
       if (last_round ? block_failed(ok) : round_boundary(ok)) {
         poison_segments<T>(a, g);
-        if (a.clustered) cluster_drain(a, g, k);
+        if (a.clustered) cluster_drain(a, g, k, &entered);
         return;
       }
     }
@@ -318,7 +335,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
     const float part = block_sum(squares);
     const float total =
         a.segments == 1 ? part
-        : a.clustered   ? cluster_row_total(part, static_cast<int>(k & 1), a.segments, &ok)
+        : a.clustered   ? cluster_row_total(part, static_cast<int>(k & 1), a.segments, &ok, &entered)
                         : row_total(a, g, part, tag0 + static_cast<uint64_t>(k) + 1,
                                     static_cast<int>(k & 1), bs.epoch + round - 1, &ok);
     const float inv = rsqrtf(total / static_cast<float>(a.hidden) + a.eps);
@@ -384,6 +401,61 @@ const char* rmsnorm_unsupported(DType dtype, int64_t hidden, const RankView& vie
   return nullptr;
 }
 
+RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t tokens,
+                                    int64_t hidden) {
+  RmsNormPlan plan;
+  const void* fn = rmsnorm_kernel_for(dtype);
+  if (fn == nullptr || tokens <= 0 || hidden <= 0) return plan;
+  const int64_t row_units = hidden * dtype_bytes(dtype) / 8;
+  // The grid the one-shot all-reduce would take for the whole message (a block
+  // per kSegmentUnits units, up to the bound); few rows are cut into segments
+  // to fill it, many rows go a whole row per block in several row-waves.
+  const int64_t cap = std::min<int64_t>({view.max_blocks, view.geo.blocks, kMaxBlocks});
+  const int64_t target =
+      std::min<int64_t>(cap, (tokens * row_units + kSegmentUnits - 1) / kSegmentUnits);
+  int64_t segments = 1;
+  if (tokens < target) {
+    segments = std::min<int64_t>((row_units + kSegmentUnits - 1) / kSegmentUnits, target / tokens);
+    segments = std::max<int64_t>(segments, 1);
+  }
+  const int64_t sig_warp = view.nranks > 1 && view.signatures ? 32 : 0;
+  // The cut for `s` segments per row, as many rows at once as the cap allows.
+  auto shape = [&](int64_t s) {
+    RmsNormPlan p;
+    p.seg_span = (row_units + s - 1) / s;
+    p.segments = (row_units + p.seg_span - 1) / p.seg_span;  // no segment left empty
+    p.rows_at_once = std::max<int64_t>(1, std::min<int64_t>(tokens, cap / p.segments));
+    p.chunk_units = std::min<int64_t>(p.seg_span, view.geo.region_bytes / 8);
+    const int64_t work = std::min<int64_t>(p.chunk_units, kBlockThreads);
+    p.threads = static_cast<int>(std::min<int64_t>(kBlockThreads, ((work + 31) / 32) * 32 + sig_warp));
+    return p;
+  };
+  plan = shape(segments);
+  // Rows split over blocks: one cluster per row where the device launches
+  // clusters and holds every rank's at once (at most kClusterSegments blocks a
+  // row; fewer rows at once where the rank's share of clusters is smaller).
+  int64_t allowed = 0;
+  if (plan.segments > 1) {
+    const RmsNormPlan c = shape(std::min<int64_t>(plan.segments, kClusterSegments));
+    if (c.segments > 1) {
+      allowed = cluster_allowance(fn, static_cast<int>(c.segments), c.threads, view);
+      if (allowed >= 1) {
+        plan = c;
+        plan.rows_at_once = std::min<int64_t>(plan.rows_at_once, allowed);
+        plan.cluster = static_cast<int>(plan.segments);
+      }
+    }
+  }
+  plan.blocks = plan.segments * plan.rows_at_once;
+  plan.waves = (tokens + plan.rows_at_once - 1) / plan.rows_at_once;
+  plan.slots = plan.segments > 1 && plan.cluster == 1;
+  // PDL lets two of this rank's grids be resident: for clusters, only where
+  // twice the grid's clusters stay within the rank's share too.
+  plan.pdl = launches_early(view, plan.blocks) &&
+             (plan.cluster == 1 || 2 * plan.rows_at_once <= allowed);
+  return plan;
+}
+
 cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const void* x,
                                       const void* residual, const void* weight, void* normed,
                                       void* new_residual, int64_t tokens, int64_t hidden,
@@ -393,6 +465,7 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
     return cudaErrorInvalidValue;
   }
   if (tokens <= 0) return cudaSuccess;
+  const RmsNormPlan plan = plan_all_reduce_rmsnorm(dtype, view, tokens, hidden);
   RmsNormArgs a{};
   a.base.view = view;
   a.x = x;
@@ -407,64 +480,13 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
   a.base.signature = encode_signature(kRmsNormCollective, static_cast<uint32_t>(Algorithm::kOneShotLL),
                                       static_cast<uint32_t>(dtype), 0,
                                       rmsnorm_signature_shape(tokens, hidden));
-  // The grid the one-shot all-reduce would take for the whole message (a block
-  // per kSegmentUnits units, up to the bound); few rows are cut into segments
-  // to fill it, many rows go a whole row per block in several row-waves.
-  const int64_t cap = std::min<int64_t>({view.max_blocks, view.geo.blocks, kMaxBlocks});
-  const int64_t target =
-      std::min<int64_t>(cap, (tokens * a.row_units + kSegmentUnits - 1) / kSegmentUnits);
-  int64_t segments = 1;
-  if (tokens < target) {
-    segments = std::min<int64_t>((a.row_units + kSegmentUnits - 1) / kSegmentUnits,
-                                 target / tokens);
-    segments = std::max<int64_t>(segments, 1);
-  }
-  const int64_t sig_warp = view.nranks > 1 && view.signatures ? 32 : 0;
-  // The shape of the call for `s` segments per row (as many rows at once as
-  // the cap allows).
-  struct Shape {
-    int64_t segments, seg_span, chunk_units, rows_at_once;
-    int threads;
-  };
-  auto shape = [&](int64_t s) {
-    Shape sh;
-    sh.seg_span = (a.row_units + s - 1) / s;
-    sh.segments = (a.row_units + sh.seg_span - 1) / sh.seg_span;  // no segment left empty
-    sh.rows_at_once = std::max<int64_t>(1, std::min<int64_t>(tokens, cap / sh.segments));
-    sh.chunk_units = std::min<int64_t>(sh.seg_span, view.geo.region_bytes / 8);
-    const int64_t work = std::min<int64_t>(sh.chunk_units, kBlockThreads);
-    sh.threads = static_cast<int>(std::min<int64_t>(kBlockThreads, ((work + 31) / 32) * 32 + sig_warp));
-    return sh;
-  };
-  Shape sh = shape(segments);
-  // Rows split over blocks: one cluster per row where the device launches
-  // clusters and holds every rank's at once (at most kClusterSegments blocks
-  // a row; fewer rows at once if the rank's share of clusters is smaller).
-  int cluster = 1;
-  if (sh.segments > 1) {
-    const Shape c = shape(std::min<int64_t>(sh.segments, kClusterSegments));
-    if (c.segments > 1) {
-      const int64_t allowed = cluster_allowance(fn, static_cast<int>(c.segments), c.threads, view);
-      if (allowed >= 1) {
-        sh = c;
-        sh.rows_at_once = std::min<int64_t>(sh.rows_at_once, allowed);
-        cluster = static_cast<int>(sh.segments);
-      }
-    }
-  }
-  const int64_t blocks = sh.segments * sh.rows_at_once;
-  a.seg_span = sh.seg_span;
-  a.segments = static_cast<int>(sh.segments);
-  a.waves = static_cast<int>((tokens + sh.rows_at_once - 1) / sh.rows_at_once);
-  a.chunk_units = sh.chunk_units;
-  a.clustered = cluster > 1 ? 1 : 0;
-  // PDL lets two of this rank's grids be resident: for clusters, only where
-  // twice the grid's clusters stay within the rank's share too.
-  const bool pdl = launches_early(view, blocks) &&
-                   (cluster == 1 ||
-                    2 * sh.rows_at_once <= cluster_allowance(fn, cluster, sh.threads, view));
-  a.base.trigger = pdl ? 1 : 0;
-  return launch_collective(fn, blocks, sh.threads, pdl, &a, stream, cluster);
+  a.seg_span = plan.seg_span;
+  a.segments = static_cast<int>(plan.segments);
+  a.waves = static_cast<int>(plan.waves);
+  a.chunk_units = plan.chunk_units;
+  a.clustered = plan.cluster > 1 ? 1 : 0;
+  a.base.trigger = plan.pdl ? 1 : 0;
+  return launch_collective(fn, plan.blocks, plan.threads, plan.pdl, &a, stream, plan.cluster);
 }
 
 }  // namespace jaxll
