@@ -96,6 +96,9 @@ struct RmsNormPlan {
 };
 RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t tokens,
                                     int64_t hidden);
+// The plan's 4-bit code in the call signature's reduction field (ranks whose
+// plans differ then report a mismatch instead of exchanging mismatched rows).
+uint32_t rmsnorm_plan_code(const RmsNormPlan& plan);
 // Its call signature's collective code; the signature's count field holds the
 // shape, tokens in bits 20-39 and hidden in bits 0-19 (each modulo 2^20), so
 // ranks that call with different shapes of one size are told apart.

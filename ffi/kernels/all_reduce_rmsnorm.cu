@@ -178,7 +178,10 @@ __device__ __forceinline__ float row_total(const RmsNormArgs& a, const Segment& 
 // makes all S visible; every block then adds them in segment order. Every
 // thread of every block of the cluster calls it once per row the blocks hold,
 // failed or not (a block that gave up still takes part, so no sibling waits on
-// it; its failure reaches the siblings, which then poison their segments).
+// it; its failure reaches the siblings, which then poison their segments). The
+// drain is needed for correctness: a sibling that left early would not hang the
+// barrier (it counts only threads that have not exited), but the others would
+// read its slot from an earlier row or call and write a wrong, unpoisoned norm.
 // Slot parity alternates by row: a sibling writes row k + 2's slot only after
 // the barrier of row k + 1, which this block reaches after reading row k's.
 // No block may touch a sibling's shared memory before the sibling has started:
@@ -203,6 +206,7 @@ __device__ __forceinline__ float cluster_row_total(float part, int parity, int s
     *entered = true;
   }
   cg::cluster_group cluster = cg::this_cluster();
+  if (cluster.num_blocks() != static_cast<unsigned>(segments)) __trap();  // launch/plan disagree
   const unsigned seg = cluster.block_rank();
   if (threadIdx.x < static_cast<unsigned>(segments)) {
     *cluster.map_shared_rank(&s_total_part[parity][seg], threadIdx.x) = part;
@@ -401,6 +405,13 @@ const char* rmsnorm_unsupported(DType dtype, int64_t hidden, const RankView& vie
   return nullptr;
 }
 
+uint32_t rmsnorm_plan_code(const RmsNormPlan& p) {
+  // 4 bits: whether clustered, and the segments and rows at once folded in
+  const uint64_t h = static_cast<uint64_t>(p.segments) * 131 +
+                     static_cast<uint64_t>(p.rows_at_once) * 7 + (p.cluster > 1 ? 1 : 0);
+  return static_cast<uint32_t>(h % 15);
+}
+
 RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t tokens,
                                     int64_t hidden) {
   RmsNormPlan plan;
@@ -433,15 +444,16 @@ RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t t
   plan = shape(segments);
   // Rows split over blocks: one cluster per row where the device launches
   // clusters and holds every rank's at once (at most kClusterSegments blocks a
-  // row; fewer rows at once where the rank's share of clusters is smaller).
+  // row), else the header's slots.
   int64_t allowed = 0;
   if (plan.segments > 1) {
     const RmsNormPlan c = shape(std::min<int64_t>(plan.segments, kClusterSegments));
     if (c.segments > 1) {
       allowed = cluster_allowance(fn, static_cast<int>(c.segments), c.threads, view);
-      if (allowed >= 1) {
+      // (only where the rank may hold a cluster for every row of the wave: fewer
+      // rows at once would cost row-waves the slot path does not need)
+      if (allowed >= c.rows_at_once) {
         plan = c;
-        plan.rows_at_once = std::min<int64_t>(plan.rows_at_once, allowed);
         plan.cluster = static_cast<int>(plan.segments);
       }
     }
@@ -477,8 +489,11 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
   a.hidden = hidden;
   a.row_units = hidden * dtype_bytes(dtype) / 8;
   a.eps = eps;
+  // The plan rides in the signature's reduction field: it depends on device
+  // queries (cluster support and capacity), so ranks on unlike devices could cut
+  // a call differently; that must be a reported mismatch, never a wrong row.
   a.base.signature = encode_signature(kRmsNormCollective, static_cast<uint32_t>(Algorithm::kOneShotLL),
-                                      static_cast<uint32_t>(dtype), 0,
+                                      static_cast<uint32_t>(dtype), rmsnorm_plan_code(plan),
                                       rmsnorm_signature_shape(tokens, hidden));
   a.seg_span = plan.seg_span;
   a.segments = static_cast<int>(plan.segments);

@@ -83,7 +83,11 @@ int64_t cluster_allowance(const void* fn, int cluster, int threads, const RankVi
     }
     if (!found) {
       int can = 0, sms = 0, per_sm = 0, clusters = 0;
-      if (cudaDeviceGetAttribute(&can, cudaDevAttrClusterLaunch, device) == cudaSuccess && can &&
+      cudaFuncAttributes attr{};
+      // (the kernel's code must be built for sm_90 or newer: PTX of an older
+      // architecture, JIT-compiled here, has no cluster path)
+      if (cudaFuncGetAttributes(&attr, fn) == cudaSuccess && attr.binaryVersion >= 90 &&
+          cudaDeviceGetAttribute(&can, cudaDevAttrClusterLaunch, device) == cudaSuccess && can &&
           cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
           cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kBlockThreads, 0) ==
               cudaSuccess) {
@@ -100,9 +104,10 @@ int64_t cluster_allowance(const void* fn, int cluster, int threads, const RankVi
         if (cudaOccupancyMaxActiveClusters(&clusters, fn, &config) == cudaSuccess) {
           e.capacity = clusters;
           e.bound = static_cast<int64_t>(sms) * per_sm;
+        } else {
+          (void)cudaGetLastError();  // clear the refused query's (non-sticky) error only
         }
       }
-      (void)cudaGetLastError();  // a refused query leaves no sticky error behind
       cache.push_back(e);
     }
   }
