@@ -93,29 +93,39 @@ def virtual_all_reduce(x, *, op: str = "sum", algorithm: str = "oneshot_ll", dev
 
 
 def virtual_all_reduce_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None,
-                               config: workspace.WorkspaceConfig | None = None):
+                               config: workspace.WorkspaceConfig | None = None,
+                               absent_rank: int | None = None):
   """The fused all-reduce + residual + RMSNorm kernel on N virtual ranks:
   ``x`` is ``(N, tokens, hidden)`` (row r is rank r's partial sums), residual
   ``(tokens, hidden)`` and weight ``(hidden,)`` of x's dtype (float32,
   bfloat16, float16), numpy arrays. Returns numpy ``(normed, new_residual)``,
   each ``(N, tokens, hidden)``: every rank's outputs (bitwise equal across
-  ranks). Raises RuntimeError with the recorded error if a rank gave up."""
+  ranks). Raises RuntimeError with the recorded error if a rank gave up.
+
+  Fault injection: with ``absent_rank`` set, that rank makes no call, the
+  others give up after the workspace's timeout, and the return value is
+  ``(normed, new_residual, error)`` with the first recorded error (the absent
+  rank's outputs stay zero); nothing is raised."""
   x = np.asarray(x)
   dtype = np.dtype(x.dtype)
   if x.ndim != 3:
     raise ValueError("virtual_all_reduce_rmsnorm needs x of shape (N, tokens, hidden)")
   n, tokens, hidden = x.shape
+  if absent_rank is not None and not 0 <= int(absent_rank) < n:
+    raise ValueError(f"absent_rank must be a rank of the {n}, got {absent_rank}")
   residual = np.ascontiguousarray(np.asarray(residual, dtype))
   weight = np.ascontiguousarray(np.asarray(weight, dtype))
   if residual.shape != (tokens, hidden) or weight.shape != (hidden,):
     raise ValueError("residual must be (tokens, hidden) and weight (hidden,)")
   ws = virtual_workspace(n, device=device, config=config)
-  normed, new_residual = ext.virtual_rmsnorm(
+  normed, new_residual, error = ext.virtual_rmsnorm(
       ws.id, algorithms.DTYPE_CODES[dtype.name], np.ascontiguousarray(x).tobytes(),
-      residual.tobytes(), weight.tobytes(), int(tokens), int(hidden), float(eps))
+      residual.tobytes(), weight.tobytes(), int(tokens), int(hidden), float(eps),
+      -1 if absent_rank is None else int(absent_rank))
   shape = (n, tokens, hidden)
-  return (np.frombuffer(normed, dtype).reshape(shape).copy(),
-          np.frombuffer(new_residual, dtype).reshape(shape).copy())
+  out = (np.frombuffer(normed, dtype).reshape(shape).copy(),
+         np.frombuffer(new_residual, dtype).reshape(shape).copy())
+  return out if absent_rank is None else out + (error,)
 
 
 def stress(nranks: int, counts, *, dtype="float32", op: str = "sum",

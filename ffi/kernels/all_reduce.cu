@@ -143,7 +143,8 @@ std::string describe_signature(uint64_t sig) {
   if (d.collective == kRmsNormCollective) {
     return "all_reduce_rmsnorm of " + std::to_string(d.count >> 20) + " x " +
            std::to_string(d.count & 0xFFFFF) + " " + name(dtype_codes(), d.dtype) +
-           " elements (tokens x hidden, modulo 2^20), algorithm fused";
+           " elements (tokens x hidden, modulo 2^20), algorithm fused, plan " +
+           std::to_string(d.op) + " (the cut into blocks, which depends on the device)";
   }
   return std::string(d.collective == 0 ? "all_reduce" : "collective " + std::to_string(d.collective)) +
          " of " + std::to_string(d.count) + " " + name(dtype_codes(), d.dtype) + " elements, op " +

@@ -310,19 +310,22 @@ NB_MODULE(_jaxll, m) {
         "skip, delay_us, delay_kernels); returns each rank's count of poisoned output elements.");
 
   m.def("virtual_rmsnorm", [](int64_t id, int dtype, nb::bytes x, nb::bytes residual,
-                              nb::bytes weight, int64_t tokens, int64_t hidden, float eps) {
+                              nb::bytes weight, int64_t tokens, int64_t hidden, float eps,
+                              int absent) {
     Workspace& c = get_comm(id);
     std::string xs(x.c_str(), x.size()), rs(residual.c_str(), residual.size()),
         ws(weight.c_str(), weight.size());
-    std::pair<std::string, std::string> out;
+    RmsNormResult out;
     {
       nb::gil_scoped_release release;
-      out = virtual_rmsnorm(c, static_cast<DType>(dtype), xs, rs, ws, tokens, hidden, eps);
+      out = virtual_rmsnorm(c, static_cast<DType>(dtype), xs, rs, ws, tokens, hidden, eps, absent);
     }
-    return nb::make_tuple(nb::bytes(out.first.data(), out.first.size()),
-                          nb::bytes(out.second.data(), out.second.size()));
+    return nb::make_tuple(nb::bytes(out.normed.data(), out.normed.size()),
+                          nb::bytes(out.new_residual.data(), out.new_residual.size()), out.error);
   }, "id"_a, "dtype"_a, "x"_a, "residual"_a, "weight"_a, "tokens"_a, "hidden"_a, "eps"_a,
-        "The fused all-reduce + residual + RMSNorm on every virtual rank (raw bytes in and out).");
+        "absent"_a = -1,
+        "The fused all-reduce + residual + RMSNorm on every virtual rank (raw bytes in and out) "
+        "and the first recorded error; rank `absent` (>= 0) makes no call.");
   m.def("virtual_bench", [](int64_t id, int algorithm, int dtype, int op, int64_t count, int iters,
                             int reps) {
     Workspace& c = get_comm(id);

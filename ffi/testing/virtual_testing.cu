@@ -453,10 +453,9 @@ std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>&
   return std::vector<int64_t>(host.begin(), host.end());
 }
 
-std::pair<std::string, std::string> virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x,
-                                                    const std::string& residual,
-                                                    const std::string& weight, int64_t tokens,
-                                                    int64_t hidden, float eps) {
+RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x,
+                              const std::string& residual, const std::string& weight,
+                              int64_t tokens, int64_t hidden, float eps, int absent) {
   if (!comm.virtual_ranks()) throw std::runtime_error("virtual_rmsnorm needs a virtual-rank workspace");
   const int n = comm.group_size();
   const size_t row_bytes = static_cast<size_t>(hidden) * dtype_bytes(dtype);
@@ -483,17 +482,21 @@ std::pair<std::string, std::string> virtual_rmsnorm(Workspace& comm, DType dtype
   check_cuda(cudaMemset(dnew, 0, block * n), "clearing outputs");
   check_cuda(cudaDeviceSynchronize(), "preparing the calls");
   for (int r = 0; r < n; ++r) {
+    if (r == absent) continue;
     check_cuda(launch_all_reduce_rmsnorm(dtype, comm.rank(0, r).view, dx + r * block, dres, dw,
                                          dnormed + r * block, dnew + r * block, tokens, hidden,
                                          eps, comm.rank(0, r).stream),
                "launching an all_reduce_rmsnorm");
   }
   sync_ranks(comm);
-  const std::string error = first_error(comm);
-  if (!error.empty()) throw std::runtime_error(error);
-  std::pair<std::string, std::string> out{std::string(block * n, '\0'), std::string(block * n, '\0')};
-  check_cuda(cudaMemcpy(out.first.data(), dnormed, block * n, cudaMemcpyDeviceToHost), "reading normed");
-  check_cuda(cudaMemcpy(out.second.data(), dnew, block * n, cudaMemcpyDeviceToHost), "reading new_residual");
+  RmsNormResult out;
+  out.error = first_error(comm);
+  if (!out.error.empty() && absent < 0) throw std::runtime_error(out.error);
+  out.normed.assign(block * n, '\0');
+  out.new_residual.assign(block * n, '\0');
+  check_cuda(cudaMemcpy(out.normed.data(), dnormed, block * n, cudaMemcpyDeviceToHost), "reading normed");
+  check_cuda(cudaMemcpy(out.new_residual.data(), dnew, block * n, cudaMemcpyDeviceToHost),
+             "reading new_residual");
   return out;
 }
 

@@ -69,11 +69,15 @@ std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>&
 // The fused all-reduce + residual + RMSNorm kernel on every virtual rank of
 // `comm`: x holds every rank's (tokens, hidden) block back to back (rank-major),
 // residual and weight are shared; returns (normed, new_residual) of every rank,
-// rank-major, as raw bytes. Throws with the recorded error if a rank gave up.
-std::pair<std::string, std::string> virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x,
-                                                    const std::string& residual,
-                                                    const std::string& weight, int64_t tokens,
-                                                    int64_t hidden, float eps);
+// rank-major, as raw bytes, and the first recorded error. Rank `absent` (if
+// >= 0) makes no call: the others give up, and their outputs and the error
+// come back; with every rank present a recorded error throws instead.
+struct RmsNormResult {
+  std::string normed, new_residual, error;
+};
+RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x,
+                              const std::string& residual, const std::string& weight,
+                              int64_t tokens, int64_t hidden, float eps, int absent = -1);
 
 // The kernels these tools launch. Workspace::Create loads them with the collective
 // kernels: lazily loading a kernel while a collective spins on the device can
