@@ -10,9 +10,14 @@ primitive (so a backward pass reaches jaxll's kernels too). ``vmap`` follows
 JAX's rules: a batch dimension is more data for the same collective, and a
 collective over the vmapped axis itself is computed locally.
 
-Lowering: jaxll has no all-gather or reduce-scatter kernel yet, so every call
-site lowers to XLA's collective (exactly what ``jax.lax`` emits) and is recorded
-for ``jaxll.explain`` with that reason.
+Lowering: ``algorithm="oneshot_ll"`` (LL16, barrier-free) or
+``"oneshot_barrier"`` (plain stores between two flag barriers, the baseline)
+runs jaxll's kernel (``ffi/kernels/gather_scatter.cu``) where a workspace
+serves the axes, for float32, bfloat16, float16 and int32, gathering along (or
+scattering) dimension 0, and raises AlgorithmUnavailableError elsewhere.
+``"auto"`` lowers to XLA's collective (exactly what ``jax.lax`` emits) until the
+kernels have been measured against it; ``"xla"`` always does. Every call site
+is recorded for ``jaxll.explain``.
 """
 
 from __future__ import annotations
@@ -27,16 +32,22 @@ from jax._src import dispatch
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.lax import parallel
 
-from jaxll import call_sites, lowering
+from jaxll import algorithms, call_sites, lowering
 from jaxll.all_reduce import _check_axes_bound, _normalize_axes, dtypes_extended
+from jaxll.lowering import AlgorithmUnavailableError
 
 all_gather_p = core.Primitive("jaxll_all_gather")
 psum_scatter_p = core.Primitive("jaxll_psum_scatter")
 
-# The algorithms these collectives take (kernels will add names here).
-ALGORITHMS = ("auto", "xla")
+# The algorithms these collectives take.
+KERNEL_ALGORITHMS = ("oneshot_ll", "oneshot_barrier")
+ALGORITHMS = ("auto", "xla") + KERNEL_ALGORITHMS
+# Codes of the gather/scatter kernels' call signatures (ffi/kernels/all_reduce.h).
+_COLLECTIVE_CODES = {"all_gather": 2, "psum_scatter": 3}
+_KERNEL_DTYPES = frozenset(["float32", "bfloat16", "float16", "int32"])
 
-NO_KERNEL = "jaxll has no {} kernel yet, so XLA's collective serves it"
+AUTO_REASON = ("auto lowers to XLA's {} until jaxll's kernels are measured against it "
+               "(ask for algorithm oneshot_ll)")
 
 
 def _check_common(name: str, algorithm: str):
@@ -75,8 +86,10 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
     axis_name: a mesh axis name, or a tuple of them.
     axis: where the pieces go (see above).
     tiled: concatenate (True) or stack (False).
-    algorithm: ``"auto"`` or ``"xla"``. jaxll has no all-gather kernel yet:
-      both lower to XLA's all-gather.
+    algorithm: ``"oneshot_ll"`` or ``"oneshot_barrier"``: jaxll's kernel
+      (float32, bfloat16, float16, int32; ``axis=0``; raises
+      AlgorithmUnavailableError where it cannot serve); ``"auto"`` and
+      ``"xla"``: XLA's all-gather (auto picks no kernel until they are measured).
   """
   _check_common("all_gather", algorithm)
   axes = _normalize_axes(axis_name)
@@ -114,8 +127,10 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Fals
     axis_name: a mesh axis name, or a tuple of them.
     scatter_dimension: the dimension the sum is split along.
     tiled: keep (True) or remove (False) the scattered dimension.
-    algorithm: ``"auto"`` or ``"xla"``. jaxll has no reduce-scatter kernel
-      yet: both lower to XLA's reduce-scatter.
+    algorithm: ``"oneshot_ll"`` or ``"oneshot_barrier"``: jaxll's kernel
+      (float32, bfloat16, float16, int32; ``scatter_dimension=0``; the sum
+      in rank order, as jaxll.all_reduce; raises AlgorithmUnavailableError
+      where it cannot serve); ``"auto"`` and ``"xla"``: XLA's reduce-scatter.
   """
   _check_common("psum_scatter", algorithm)
   axes = _normalize_axes(axis_name)
@@ -260,7 +275,7 @@ batching.fancy_primitive_batchers[all_gather_p] = _gather_batch
 batching.fancy_primitive_batchers[psum_scatter_p] = _scatter_batch
 
 
-# --- Lowering: XLA's collective, recorded for explain ------------------------------
+# --- Lowering: jaxll's kernel or XLA's collective, recorded for explain --------------
 
 def _xla_rule(prim, ctx):
   platforms = lowering._platforms(ctx)
@@ -271,33 +286,59 @@ def _xla_rule(prim, ctx):
   return mlir._lowerings[prim].rule
 
 
-def _record(ctx, results, op: str, axes: tuple, size: int, algorithm: str):
+def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, str]:
+  """(workspace id, reason): the kernel's workspace, or 0 for XLA's collective."""
+  if algorithm == "xla":
+    return 0, "algorithm='xla' requested"
+  if algorithm == "auto":
+    return 0, AUTO_REASON.format(op.replace("_", "-"))
   aval = ctx.avals_in[0]
-  reason = ("algorithm='xla' requested" if algorithm == "xla"
-            else NO_KERNEL.format(op.replace("_", "-")))
+  ws, _, problem = lowering.workspace_for(ctx, axes)
+  if not problem:
+    if np.dtype(aval.dtype).name not in _KERNEL_DTYPES:
+      problem = f"no {op} kernel for {np.dtype(aval.dtype)}"
+    elif dim != 0:
+      problem = (f"the kernel {'gathers along axis' if op == 'all_gather' else 'scatters dimension'}"
+                 f" 0 only, not {dim}")
+    elif aval.size == 0:
+      problem = "empty array"
+  if problem:
+    raise AlgorithmUnavailableError(
+        f"jaxll.{op}(algorithm={algorithm!r}) cannot serve the call at {lowering._site(ctx)} "
+        f"({aval.str_short()} over {axes}): {problem}")
+  return ws, f"algorithm={algorithm!r} requested"
+
+
+def _lower(ctx, x, prim, op: str, dim: int, axes: tuple, size: int, algorithm: str, params):
+  ws, reason = _decide(ctx, op, axes, algorithm, dim)
+  if ws:
+    out = lowering.emit_ordered_call(
+        ctx, "jaxll_gather_scatter", [x], workspace=ws,
+        collective=np.int64(_COLLECTIVE_CODES[op]),
+        algorithm=np.int64(algorithms.SPECS[algorithm].code))
+  else:
+    out = _xla_rule(prim, ctx)(ctx, x, axis_name=axes, axis_index_groups=None,
+                               axis_size=size, **params)
+  aval = ctx.avals_in[0]
   site = call_sites.CallSite(
       site=lowering._site(ctx), axes=",".join(map(str, axes)), group_size=size,
-      shape=str(tuple(aval.shape)),
-      dtype=str(np.dtype(aval.dtype)), nbytes=int(aval.size) * np.dtype(aval.dtype).itemsize,
-      op=op, requested=algorithm, algorithm="xla", reason=reason, workspace=0)
-  lowering._tag(results, site)  # (jaxll.explain reads it back from the lowered text)
+      shape=str(tuple(aval.shape)), dtype=str(np.dtype(aval.dtype)),
+      nbytes=int(aval.size) * np.dtype(aval.dtype).itemsize, op=op, requested=algorithm,
+      algorithm=algorithm if ws else "xla", reason=reason, workspace=ws)
+  lowering._tag(out, site)  # (jaxll.explain reads it back from the lowered text)
   call_sites.record(site)
+  return out
 
 
 def _gather_lowering(ctx, x, *, all_gather_dimension, axis_name, axis_size, tiled, algorithm):
-  rule = _xla_rule(parallel.all_gather_p, ctx)
-  out = rule(ctx, x, all_gather_dimension=all_gather_dimension, axis_name=axis_name,
-             axis_index_groups=None, axis_size=axis_size, tiled=tiled)
-  _record(ctx, out, "all_gather", axis_name, axis_size, algorithm)
-  return out
+  return _lower(ctx, x, parallel.all_gather_p, "all_gather", all_gather_dimension, axis_name,
+                axis_size, algorithm,
+                dict(all_gather_dimension=all_gather_dimension, tiled=tiled))
 
 
 def _scatter_lowering(ctx, x, *, scatter_dimension, axis_name, axis_size, tiled, algorithm):
-  rule = _xla_rule(parallel.reduce_scatter_p, ctx)
-  out = rule(ctx, x, scatter_dimension=scatter_dimension, axis_name=axis_name,
-             axis_index_groups=None, axis_size=axis_size, tiled=tiled)
-  _record(ctx, out, "psum_scatter", axis_name, axis_size, algorithm)
-  return out
+  return _lower(ctx, x, parallel.reduce_scatter_p, "psum_scatter", scatter_dimension, axis_name,
+                axis_size, algorithm, dict(scatter_dimension=scatter_dimension, tiled=tiled))
 
 
 mlir.register_lowering(all_gather_p, _gather_lowering, cacheable=False)

@@ -199,7 +199,13 @@ def test_errors(mesh1):
   with pytest.raises(ValueError, match="must be divisible|must match"):
     f(lambda v: jaxll.psum_scatter(v, "tp", scatter_dimension=1, tiled=True))(xs)
   with pytest.raises(ValueError, match="algorithm must be one of"):
+    f(lambda v: jaxll.all_gather(v, "tp", algorithm="twoshot_ll"))(xs)
+  # a kernel asked for where none can serve (here: CPU) is an error, as for all_reduce
+  with pytest.raises(jaxll.AlgorithmUnavailableError, match="run on CUDA GPUs"):
     f(lambda v: jaxll.all_gather(v, "tp", algorithm="oneshot_ll"))(xs)
+  with pytest.raises(jaxll.AlgorithmUnavailableError, match="run on CUDA GPUs"):
+    f(lambda v: jaxll.psum_scatter(v, "tp", tiled=True, algorithm="oneshot_barrier"))(
+        _put(mesh1, np.ones((8 * 8, 5), np.float32), P("tp")))
 
 
 def test_explain_reports_the_xla_path(mesh1):
@@ -214,4 +220,4 @@ def test_explain_reports_the_xla_path(mesh1):
   assert set(sites) == {"all_gather", "psum_scatter"}, sites
   for op, s in sites.items():
     assert s.algorithm == "xla" and s.group_size == 8 and s.axes == "tp", s
-    assert s.reason == gather_scatter.NO_KERNEL.format(op.replace("_", "-")), s
+    assert s.reason == gather_scatter.AUTO_REASON.format(op.replace("_", "-")), s
