@@ -128,6 +128,52 @@ def virtual_all_reduce_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device
   return out if absent_rank is None else out + (error,)
 
 
+# Call-signature collective codes of the gather/scatter kernels (ffi/kernels/all_reduce.h).
+_ALL_GATHER, _REDUCE_SCATTER = 2, 3
+
+
+def _gather_scatter(code, x, count, algorithm, device, config):
+  x = np.ascontiguousarray(x)
+  dtype = np.dtype(x.dtype)
+  if dtype.name not in algorithms.DTYPE_CODES:
+    raise TypeError(f"no kernel for {dtype}")
+  if algorithm not in ("oneshot_ll", "oneshot_barrier"):
+    raise ValueError(f"algorithm must be oneshot_ll or oneshot_barrier, got {algorithm!r}")
+  ws = virtual_workspace(x.shape[0], device=device, config=config)
+  y, error = ext.virtual_gather_scatter(ws.id, code, algorithms.SPECS[algorithm].code,
+                                        algorithms.DTYPE_CODES[dtype.name], x.tobytes(),
+                                        int(count))
+  if error:
+    raise RuntimeError(error)
+  return np.frombuffer(y, dtype).copy()
+
+
+def virtual_all_gather(x, *, algorithm: str = "oneshot_ll", device=None,
+                       config: workspace.WorkspaceConfig | None = None):
+  """The all-gather kernel on N virtual ranks: ``x`` is ``(N, count)`` (row r is
+  rank r's piece; float32, bfloat16, float16 or int32). Returns ``(N, N,
+  count)``: every rank's gathered output. Raises RuntimeError with the
+  recorded error if a rank gave up."""
+  x = np.asarray(x)
+  if x.ndim != 2:
+    raise ValueError("virtual_all_gather needs x of shape (N, count)")
+  n, count = x.shape
+  return _gather_scatter(_ALL_GATHER, x, count, algorithm, device, config).reshape(n, n, count)
+
+
+def virtual_psum_scatter(x, *, algorithm: str = "oneshot_ll", device=None,
+                         config: workspace.WorkspaceConfig | None = None):
+  """The reduce-scatter kernel on N virtual ranks: ``x`` is ``(N, N, count)``
+  (``x[r, j]`` is rank r's contribution to piece j). Returns ``(N, count)``:
+  rank r's piece of the sum, added in rank order. Raises RuntimeError with the
+  recorded error if a rank gave up."""
+  x = np.asarray(x)
+  if x.ndim != 3 or x.shape[0] != x.shape[1]:
+    raise ValueError("virtual_psum_scatter needs x of shape (N, N, count)")
+  n, _, count = x.shape
+  return _gather_scatter(_REDUCE_SCATTER, x, count, algorithm, device, config).reshape(n, count)
+
+
 def stress(nranks: int, counts, *, dtype="float32", op: str = "sum",
            algorithm="oneshot_ll", seed: int = 0, max_delay_us: int = 20,
            device=None, config: workspace.WorkspaceConfig | None = None) -> dict:

@@ -107,6 +107,19 @@ constexpr uint64_t rmsnorm_signature_shape(int64_t tokens, int64_t hidden) {
   return (static_cast<uint64_t>(tokens) & 0xFFFFF) << 20 | (static_cast<uint64_t>(hidden) & 0xFFFFF);
 }
 
+// All-gather and reduce-scatter (gather_scatter.cu), on the one-shot path with
+// the LL16 protocol (Algorithm::kOneShotLL) or the barrier baseline
+// (kOneShotBarrier). `count` is the elements of one piece: all-gather takes
+// `count` and writes nranks x `count` (rank r's piece at r x count); reduce-
+// scatter takes nranks x `count` and writes `count` (this rank's piece of the
+// sum, added in rank order). The collective is the call signature's code.
+enum class Collective : uint32_t { kAllReduce = 0, kRmsNorm = 1, kAllGather = 2, kReduceScatter = 3 };
+bool has_gather_scatter_kernel(Collective c, Algorithm algorithm, DType dtype);
+cudaError_t launch_gather_scatter(Collective c, Algorithm algorithm, DType dtype,
+                                  const RankView& view, const void* in, void* out, int64_t count,
+                                  cudaStream_t stream);
+std::vector<const void*> gather_scatter_kernel_functions();
+
 // Small helper kernels used by the runtime and the testing tools.
 
 cudaError_t launch_fill_i32(int32_t* out, int32_t value, cudaStream_t stream);

@@ -76,6 +76,7 @@ NB_MODULE(_jaxll, m) {
     d["jaxll_check"] = handler_capsule(&jaxll_check_handler);
     d["jaxll_all_reduce_rmsnorm"] = handler_capsule(&jaxll_all_reduce_rmsnorm_handler);
     d["jaxll_join"] = handler_capsule(&jaxll_join_handler);
+    d["jaxll_gather_scatter"] = handler_capsule(&jaxll_gather_scatter_handler);
     return d;
   }, "FFI handler capsules by target name.");
 
@@ -326,6 +327,21 @@ NB_MODULE(_jaxll, m) {
         "absent"_a = -1,
         "The fused all-reduce + residual + RMSNorm on every virtual rank (raw bytes in and out) "
         "and the first recorded error; rank `absent` (>= 0) makes no call.");
+  m.def("virtual_gather_scatter", [](int64_t id, int collective, int algorithm, int dtype,
+                                     nb::bytes x, int64_t count) {
+    Workspace& c = get_comm(id);
+    std::string xs(x.c_str(), x.size());
+    GatherScatterResult out;
+    {
+      nb::gil_scoped_release release;
+      out = virtual_gather_scatter(c, static_cast<Collective>(collective),
+                                   static_cast<Algorithm>(algorithm), static_cast<DType>(dtype), xs,
+                                   count);
+    }
+    return nb::make_tuple(nb::bytes(out.y.data(), out.y.size()), out.error);
+  }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "x"_a, "count"_a,
+        "One all-gather (collective 2) or reduce-scatter (3) of pieces of `count` elements on "
+        "every virtual rank (raw bytes in and out) and the first recorded error.");
   m.def("virtual_bench", [](int64_t id, int algorithm, int dtype, int op, int64_t count, int iters,
                             int reps) {
     Workspace& c = get_comm(id);

@@ -500,6 +500,43 @@ RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x
   return out;
 }
 
+GatherScatterResult virtual_gather_scatter(Workspace& comm, Collective c, Algorithm algorithm,
+                                           DType dtype, const std::string& x, int64_t count) {
+  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_gather_scatter needs a virtual-rank workspace");
+  if (c != Collective::kAllGather && c != Collective::kReduceScatter) {
+    throw std::runtime_error("virtual_gather_scatter: the collective must be all_gather or psum_scatter");
+  }
+  if (!has_gather_scatter_kernel(c, algorithm, dtype)) {
+    throw std::runtime_error("virtual_gather_scatter: no kernel for this algorithm and dtype");
+  }
+  const int n = comm.group_size();
+  const size_t piece = static_cast<size_t>(count) * dtype_bytes(dtype);
+  const bool gather = c == Collective::kAllGather;
+  const size_t in_bytes = gather ? piece : piece * n;    // per rank
+  const size_t out_bytes = gather ? piece * n : piece;   // per rank
+  if (count <= 0 || x.size() != in_bytes * n) {
+    throw std::runtime_error("virtual_gather_scatter: x must hold every rank's input back to back");
+  }
+  DeviceGuard guard(comm.rank(0, 0).ordinal);
+  Buffers bufs;
+  char* dx = static_cast<char*>(bufs.alloc(in_bytes * n));
+  char* dy = static_cast<char*>(bufs.alloc(out_bytes * n));
+  check_cuda(cudaMemcpy(dx, x.data(), x.size(), cudaMemcpyHostToDevice), "copying x");
+  check_cuda(cudaMemset(dy, 0, out_bytes * n), "clearing outputs");
+  check_cuda(cudaDeviceSynchronize(), "preparing the calls");
+  for (int r = 0; r < n; ++r) {
+    check_cuda(launch_gather_scatter(c, algorithm, dtype, comm.rank(0, r).view, dx + r * in_bytes,
+                                     dy + r * out_bytes, count, comm.rank(0, r).stream),
+               "launching a gather/scatter");
+  }
+  sync_ranks(comm);
+  GatherScatterResult out;
+  out.error = first_error(comm);
+  out.y.assign(out_bytes * n, '\0');
+  check_cuda(cudaMemcpy(out.y.data(), dy, out_bytes * n, cudaMemcpyDeviceToHost), "reading outputs");
+  return out;
+}
+
 std::vector<const void*> testing_kernel_functions() {
   std::vector<const void*> out;
   append_typed_kernels<float>(out);

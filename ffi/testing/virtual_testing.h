@@ -79,6 +79,16 @@ RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x
                               const std::string& residual, const std::string& weight,
                               int64_t tokens, int64_t hidden, float eps, int absent = -1);
 
+// One all-gather or reduce-scatter (pieces of `count` elements) on every virtual
+// rank of `comm`: x holds every rank's input back to back (all-gather: one piece
+// each; reduce-scatter: nranks pieces each); returns every rank's output back to
+// back and the first recorded error ("" if none).
+struct GatherScatterResult {
+  std::string y, error;
+};
+GatherScatterResult virtual_gather_scatter(Workspace& comm, Collective c, Algorithm algorithm,
+                                           DType dtype, const std::string& x, int64_t count);
+
 // The kernels these tools launch. Workspace::Create loads them with the collective
 // kernels: lazily loading a kernel while a collective spins on the device can
 // stall until the collective's deadline.
