@@ -50,10 +50,27 @@ AUTO_REASON = ("auto lowers to XLA's {} until jaxll's kernels are measured again
                "(ask for algorithm oneshot_ll)")
 
 
-def _check_common(name: str, algorithm: str):
+def _map_leaves(name: str, x, axis_name, algorithm: str, bind_leaf):
+  """Checks the call and applies ``bind_leaf(v, axes, size, constant=...)`` to
+  every leaf of ``x``: traced leaves after the pvary that jax.lax's collectives
+  insert (``constant=False``), constants as they are (``constant=True``: jax.lax
+  computes those without communication). An empty axis tuple returns ``x``."""
   if algorithm not in ALGORITHMS:
     raise ValueError(f"jaxll.{name}: algorithm must be one of {list(ALGORITHMS)}, "
                      f"got {algorithm!r}")
+  axes = _normalize_axes(axis_name)
+  if not axes:
+    return x
+  _check_axes_bound(axes)
+  size = _axis_size(axes)
+
+  def leaf(v):
+    v = _as_array(name, v)
+    if not isinstance(v, core.Tracer):
+      return bind_leaf(v, axes, size, constant=True)
+    return bind_leaf(parallel.insert_collective_pvary(axes, v), axes, size, constant=False)
+
+  return jax.tree_util.tree_map(leaf, x)
 
 
 def _axis_size(axes: tuple) -> int:
@@ -91,23 +108,14 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
       AlgorithmUnavailableError where it cannot serve); ``"auto"`` and
       ``"xla"``: XLA's all-gather (auto picks no kernel until they are measured).
   """
-  _check_common("all_gather", algorithm)
-  axes = _normalize_axes(axis_name)
-  if not axes:
-    return x
-  _check_axes_bound(axes)
-  size = _axis_size(axes)
-
-  def leaf(v):
-    v = _as_array("all_gather", v)
-    if not isinstance(v, core.Tracer):
+  def bind(v, axes, size, constant):
+    if constant:
       return lax.all_gather(v, axes, axis=axis, tiled=tiled)
     dim = _canonical_axis("all_gather", axis, np.ndim(v) if tiled else np.ndim(v) + 1)
-    v = parallel.insert_collective_pvary(axes, v)
     return all_gather_p.bind(v, all_gather_dimension=dim, axis_name=axes, axis_size=size,
                              tiled=bool(tiled), algorithm=algorithm)
 
-  return jax.tree_util.tree_map(leaf, x)
+  return _map_leaves("all_gather", x, axis_name, algorithm, bind)
 
 
 def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = False,
@@ -132,25 +140,16 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Fals
       in rank order, as jaxll.all_reduce; raises AlgorithmUnavailableError
       where it cannot serve); ``"auto"`` and ``"xla"``: XLA's reduce-scatter.
   """
-  _check_common("psum_scatter", algorithm)
-  axes = _normalize_axes(axis_name)
-  if not axes:
-    return x
-  _check_axes_bound(axes)
-  size = _axis_size(axes)
-
-  def leaf(v):
-    v = _as_array("psum_scatter", v)
-    if not isinstance(v, core.Tracer):
+  def bind(v, axes, size, constant):
+    if constant:
       return lax.psum_scatter(v, axes, scatter_dimension=scatter_dimension, tiled=tiled)
     if np.ndim(v) == 0:
       raise ValueError("jaxll.psum_scatter: x must have at least one dimension to scatter")
     dim = _canonical_axis("psum_scatter", scatter_dimension, np.ndim(v))
-    v = parallel.insert_collective_pvary(axes, v)
     return psum_scatter_p.bind(v, scatter_dimension=dim, axis_name=axes, axis_size=size,
                                tiled=bool(tiled), algorithm=algorithm)
 
-  return jax.tree_util.tree_map(leaf, x)
+  return _map_leaves("psum_scatter", x, axis_name, algorithm, bind)
 
 
 def _canonical_axis(name: str, axis, ndim: int) -> int:

@@ -28,6 +28,39 @@ __device__ __forceinline__ void poison_pieces(T* y, int n, const BlockShare& sha
   for (int s = 0; s < n; ++s) poison_units<T, W>(y + s * count, share.u0, share.u1, count, vec);
 }
 
+// Round r of this block: its epoch, scratch parity and units [r0, r0 + len).
+struct RoundPlace {
+  uint64_t epoch;
+  int parity;
+  int64_t r0;
+  int len;
+};
+__device__ __forceinline__ RoundPlace round_place(const AllReduceArgs& a, const BlockShare& share,
+                                                  const BlockStart& bs, uint32_t r) {
+  RoundPlace p;
+  p.epoch = bs.epoch + r;
+  p.parity = static_cast<int>(p.epoch & 1);
+  p.r0 = share.u0 + static_cast<int64_t>(r) * a.round_units;
+  p.len = static_cast<int>(min(share.u1 - p.r0, a.round_units));
+  return p;
+}
+
+// What a round does before its sends: LL16's periodic refresh of the slots, or
+// the barrier protocol's first flag barrier (peers are done with the scratch).
+template <Proto P>
+__device__ __forceinline__ void round_start(const RankView& v, const RoundPlace& p, bool* ok) {
+  if constexpr (P == Proto::kLL) {
+    if (ll16_refresh_due(p.epoch)) ll_refresh(v, p.epoch, p.parity);
+  }
+  if constexpr (P == Proto::kBarrier) *ok = flag_barrier(v, barrier_value(p.epoch, 0), wait_context(v, p.epoch)) && *ok;
+}
+
+// The barrier protocol's second flag barrier (every peer's sends have landed).
+template <Proto P>
+__device__ __forceinline__ void round_sent(const RankView& v, const RoundPlace& p, bool* ok) {
+  if constexpr (P == Proto::kBarrier) *ok = flag_barrier(v, barrier_value(p.epoch, 1), wait_context(v, p.epoch)) && *ok;
+}
+
 template <Proto P, class T>
 __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) gather_kernel(AllReduceArgs a) {
   constexpr int W = unit_bytes<P>();
@@ -53,21 +86,17 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) gather_kernel(
   bool ok = signature_ok(a, sig_lane, n, bs);
   T* own_piece = y + rank * a.count;
   for (uint32_t r = 0; r < share.rounds; ++r) {
-    const uint64_t epoch = bs.epoch + r;
-    const int parity = static_cast<int>(epoch & 1);
-    const int64_t r0 = share.u0 + static_cast<int64_t>(r) * a.round_units;
-    const int len = static_cast<int>(min(share.u1 - r0, a.round_units));
-    const Channel<P, T> ch(v, 0, static_cast<int>(blockIdx.x), parity, epoch);
-    if constexpr (P == Proto::kLL) {
-      if (ll16_refresh_due(epoch)) ll_refresh(v, epoch, parity);
-    }
-    if constexpr (P == Proto::kBarrier) ok = flag_barrier(v, barrier_value(epoch, 0), wait_context(v, epoch)) && ok;
+    const RoundPlace p = round_place(a, share, bs, r);
+    const int64_t r0 = p.r0;
+    const int len = p.len;
+    const Channel<P, T> ch(v, 0, static_cast<int>(blockIdx.x), p.parity, p.epoch);
+    round_start<P>(v, p, &ok);
     for (int i = threadIdx.x; i < len; i += blockDim.x) {
       const Unit<W> u = load_unit<T, W>(x, r0 + i, a.count, vx);
       send_to_peers<0>(ch, n, i, ch.prepare(u));
       store_unit<T, W>(own_piece, r0 + i, a.count, vy, u);
     }
-    if constexpr (P == Proto::kBarrier) ok = flag_barrier(v, barrier_value(epoch, 1), wait_context(v, epoch)) && ok;
+    round_sent<P>(v, p, &ok);
     for (int i = threadIdx.x; i < len; i += blockDim.x) {
       for (int k = 1; k < n; ++k) {
         const int src = peer_at(rank, k, n);
@@ -107,15 +136,11 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) scatter_kernel
   bool ok = signature_ok(a, sig_lane, n, bs);
   const T* own_piece = x + rank * a.count;
   for (uint32_t r = 0; r < share.rounds; ++r) {
-    const uint64_t epoch = bs.epoch + r;
-    const int parity = static_cast<int>(epoch & 1);
-    const int64_t r0 = share.u0 + static_cast<int64_t>(r) * a.round_units;
-    const int len = static_cast<int>(min(share.u1 - r0, a.round_units));
-    const Channel<P, T> ch(v, 0, static_cast<int>(blockIdx.x), parity, epoch);
-    if constexpr (P == Proto::kLL) {
-      if (ll16_refresh_due(epoch)) ll_refresh(v, epoch, parity);
-    }
-    if constexpr (P == Proto::kBarrier) ok = flag_barrier(v, barrier_value(epoch, 0), wait_context(v, epoch)) && ok;
+    const RoundPlace p = round_place(a, share, bs, r);
+    const int64_t r0 = p.r0;
+    const int len = p.len;
+    const Channel<P, T> ch(v, 0, static_cast<int>(blockIdx.x), p.parity, p.epoch);
+    round_start<P>(v, p, &ok);
     // piece j of this rank's input goes to rank j, next rank first
     for (int i = threadIdx.x; i < len; i += blockDim.x) {
       for (int k = 1; k < n; ++k) {
@@ -123,7 +148,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) scatter_kernel
         ch.send(dst, i, ch.prepare(load_unit<T, W>(x + dst * a.count, r0 + i, a.count, vx)));
       }
     }
-    if constexpr (P == Proto::kBarrier) ok = flag_barrier(v, barrier_value(epoch, 1), wait_context(v, epoch)) && ok;
+    round_sent<P>(v, p, &ok);
     for (int i = threadIdx.x; i < len; i += blockDim.x) {
       const Unit<W> own = ch.prepare(load_unit<T, W>(own_piece, r0 + i, a.count, vx));
       Unit<W> res;
