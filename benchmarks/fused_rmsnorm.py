@@ -10,6 +10,7 @@ GPUs), shapes of decode steps (tokens x hidden). --profile adds the device
 time per kernel of one run of each chain (process 0, JAX's profiler).
 
   python benchmarks/fused_rmsnorm.py --processes 2 --json out.json
+  python benchmarks/fused_rmsnorm.py --processes 8 --shapes 1x8192,2x8192,4x8192,8x8192,16x8192,32x8192,64x8192,128x8192
 """
 from __future__ import annotations
 
@@ -21,6 +22,20 @@ import sys
 import time
 
 SHAPES = [(1, 4096), (8, 4096), (1, 8192), (8, 8192), (32, 8192)]
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+  """"1x8192,8x8192" -> [(1, 8192), (8, 8192)] (tokens x hidden, both positive)."""
+  shapes = []
+  for part in text.split(","):
+    try:
+      tokens, hidden = (int(v) for v in part.lower().split("x"))
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"a shape is TOKENSxHIDDEN, got {part!r}") from None
+    if tokens < 1 or hidden < 1:
+      raise argparse.ArgumentTypeError(f"tokens and hidden must be positive, got {part!r}")
+    shapes.append((tokens, hidden))
+  return shapes
 
 
 def worker(opts) -> None:
@@ -47,7 +62,7 @@ def worker(opts) -> None:
         full.shape, sharding, [jax.device_put(full[i], d) for d, i in idx.items()])
 
   rows = []
-  for tokens, hidden in SHAPES:
+  for tokens, hidden in opts.shapes:
     rng = np.random.default_rng(tokens + hidden)
     x = put(rng.standard_normal((n * tokens, hidden)).astype(jnp.bfloat16), P("tp"))
     r0 = put(rng.standard_normal((tokens, hidden)).astype(jnp.bfloat16), P())
@@ -103,6 +118,9 @@ def main() -> None:
   p.add_argument("--runs", type=int, default=20)
   p.add_argument("--reps", type=int, default=5)
   p.add_argument("--json", default=None)
+  p.add_argument("--shapes", type=parse_shapes, default=SHAPES,
+                 help="tokens x hidden per rank, e.g. 1x8192,8x8192 (default: "
+                      + ",".join(f"{t}x{h}" for t, h in SHAPES) + ")")
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   p.add_argument("--cpu", action="store_true", help="dry run on CPU devices (no kernels)")
   p.add_argument("--profile", action="store_true",
@@ -113,7 +131,7 @@ def main() -> None:
     return
   from jaxll import launch
   args = ["--worker", "--chain", str(opts.chain), "--runs", str(opts.runs),
-          "--reps", str(opts.reps)] + (["--cpu"] if opts.cpu else []) + (
+          "--reps", str(opts.reps), "--shapes", ",".join(f"{t}x{h}" for t, h in opts.shapes)] + (["--cpu"] if opts.cpu else []) + (
               ["--profile"] if opts.profile else [])
   gpus = [str(i) for i in range(opts.processes)]
   try:

@@ -206,3 +206,19 @@ def test_fused_benchmark_dry_run_on_cpu(tmp_path):
     assert row["composed_paths"] == ["xla"] and row["fused_paths"] == ["xla"]
     assert row["composed_us"] > 0 and row["fused_us"] > 0
     assert row["composed_kernels"] == {} and row["fused_kernels"] == {}
+
+
+def test_fused_benchmark_shapes_option():
+  """--shapes TOKENSxHIDDEN,... (the issue's sweep: 1..128 tokens at 8192)."""
+  import argparse
+  import importlib.util
+  import os
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                      "fused_rmsnorm.py")
+  spec = importlib.util.spec_from_file_location("fused_rmsnorm_bench", path)
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  assert bench.parse_shapes("1x8192,16X4096,128x8192") == [(1, 8192), (16, 4096), (128, 8192)]
+  for bad in ("3y4", "0x8192", "8x", "x"):
+    with pytest.raises(argparse.ArgumentTypeError):
+      bench.parse_shapes(bad)
