@@ -94,7 +94,8 @@ def virtual_all_reduce(x, *, op: str = "sum", algorithm: str = "oneshot_ll", dev
 
 def virtual_all_reduce_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None,
                                config: workspace.WorkspaceConfig | None = None,
-                               absent_rank: int | None = None):
+                               absent_rank: int | None = None, late_rank: int | None = None,
+                               delay_us: int = 0):
   """The fused all-reduce + residual + RMSNorm kernel on N virtual ranks:
   ``x`` is ``(N, tokens, hidden)`` (row r is rank r's partial sums), residual
   ``(tokens, hidden)`` and weight ``(hidden,)`` of x's dtype (float32,
@@ -105,14 +106,17 @@ def virtual_all_reduce_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device
   Fault injection: with ``absent_rank`` set, that rank makes no call, the
   others give up after the workspace's timeout, and the return value is
   ``(normed, new_residual, error)`` with the first recorded error (the absent
-  rank's outputs stay zero); nothing is raised."""
+  rank's outputs stay zero); nothing is raised. With ``late_rank`` set, that
+  rank's call is queued 2 ms after the others', behind a one-thread kernel of
+  ``delay_us`` microseconds (it must still find room on the GPU)."""
   x = np.asarray(x)
   dtype = np.dtype(x.dtype)
   if x.ndim != 3:
     raise ValueError("virtual_all_reduce_rmsnorm needs x of shape (N, tokens, hidden)")
   n, tokens, hidden = x.shape
-  if absent_rank is not None and not 0 <= int(absent_rank) < n:
-    raise ValueError(f"absent_rank must be a rank of the {n}, got {absent_rank}")
+  for name, r in (("absent_rank", absent_rank), ("late_rank", late_rank)):
+    if r is not None and not 0 <= int(r) < n:
+      raise ValueError(f"{name} must be a rank of the {n}, got {r}")
   residual = np.ascontiguousarray(np.asarray(residual, dtype))
   weight = np.ascontiguousarray(np.asarray(weight, dtype))
   if residual.shape != (tokens, hidden) or weight.shape != (hidden,):
@@ -121,7 +125,8 @@ def virtual_all_reduce_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device
   normed, new_residual, error = ext.virtual_rmsnorm(
       ws.id, algorithms.DTYPE_CODES[dtype.name], np.ascontiguousarray(x).tobytes(),
       residual.tobytes(), weight.tobytes(), int(tokens), int(hidden), float(eps),
-      -1 if absent_rank is None else int(absent_rank))
+      -1 if absent_rank is None else int(absent_rank),
+      -1 if late_rank is None else int(late_rank), int(delay_us))
   shape = (n, tokens, hidden)
   out = (np.frombuffer(normed, dtype).reshape(shape).copy(),
          np.frombuffer(new_residual, dtype).reshape(shape).copy())

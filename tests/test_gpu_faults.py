@@ -134,6 +134,31 @@ def test_fused_call_with_an_absent_rank_is_poisoned_then_recovers(n, tokens, hid
   assert np.isfinite(normed[0].astype(np.float32)).all()
 
 
+@pytest.mark.parametrize("n", [4, 8])
+def test_late_rank_of_a_fused_call_is_not_starved(n):
+  """The fused kernel's grids at the bound (8 tokens of 8192 bf16: rows of 8
+  segments, thread-block clusters on Hopper), the last rank's call queued 2 ms
+  after the others' and behind a 20 ms kernel: its blocks (clusters, which need
+  room inside one GPC) must still be placed while the others spin."""
+  cfg = jaxll.WorkspaceConfig(timeout_ms=3000)
+  rng = np.random.default_rng(n)
+  tokens, hidden = 8, 8192
+  x = rng.standard_normal((n, tokens, hidden)).astype(jnp.bfloat16)
+  residual = rng.standard_normal((tokens, hidden)).astype(jnp.bfloat16)
+  weight = (1 + 0.1 * rng.standard_normal(hidden)).astype(jnp.bfloat16)
+  normed, new = jt.virtual_all_reduce_rmsnorm(x, residual, weight, config=cfg,
+                                              late_rank=n - 1, delay_us=20_000)
+  s = x[0].astype(np.float32)
+  for r in range(1, n):
+    s = s + x[r].astype(np.float32)
+  want_new = (s.astype(jnp.bfloat16).astype(np.float32) + residual.astype(np.float32)).astype(
+      jnp.bfloat16)
+  for r in range(n):
+    np.testing.assert_array_equal(new[r].view(np.uint16), want_new.view(np.uint16))
+    np.testing.assert_array_equal(normed[r].view(np.uint16), normed[0].view(np.uint16))
+  assert jaxll.errors() == []
+
+
 # (rank 0's call, rank 1's call): each pair differs in one thing
 MISMATCHES = {
     "count": (dict(count=4096), dict(count=4095)),

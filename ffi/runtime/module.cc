@@ -312,21 +312,23 @@ NB_MODULE(_jaxll, m) {
 
   m.def("virtual_rmsnorm", [](int64_t id, int dtype, nb::bytes x, nb::bytes residual,
                               nb::bytes weight, int64_t tokens, int64_t hidden, float eps,
-                              int absent) {
+                              int absent, int late, int64_t delay_us) {
     Workspace& c = get_comm(id);
     std::string xs(x.c_str(), x.size()), rs(residual.c_str(), residual.size()),
         ws(weight.c_str(), weight.size());
     RmsNormResult out;
     {
       nb::gil_scoped_release release;
-      out = virtual_rmsnorm(c, static_cast<DType>(dtype), xs, rs, ws, tokens, hidden, eps, absent);
+      out = virtual_rmsnorm(c, static_cast<DType>(dtype), xs, rs, ws, tokens, hidden, eps, absent,
+                            late, delay_us);
     }
     return nb::make_tuple(nb::bytes(out.normed.data(), out.normed.size()),
                           nb::bytes(out.new_residual.data(), out.new_residual.size()), out.error);
   }, "id"_a, "dtype"_a, "x"_a, "residual"_a, "weight"_a, "tokens"_a, "hidden"_a, "eps"_a,
-        "absent"_a = -1,
+        "absent"_a = -1, "late"_a = -1, "delay_us"_a = 0,
         "The fused all-reduce + residual + RMSNorm on every virtual rank (raw bytes in and out) "
-        "and the first recorded error; rank `absent` (>= 0) makes no call.");
+        "and the first recorded error; rank `absent` (>= 0) makes no call; rank `late` (>= 0) "
+        "queues its call after the others, behind a delay kernel of `delay_us`.");
   m.def("virtual_gather_scatter", [](int64_t id, int collective, int algorithm, int dtype,
                                      nb::bytes x, int64_t count) {
     Workspace& c = get_comm(id);

@@ -71,13 +71,16 @@ std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>&
 // residual and weight are shared; returns (normed, new_residual) of every rank,
 // rank-major, as raw bytes, and the first recorded error. Rank `absent` (if
 // >= 0) makes no call: the others give up, and their outputs and the error
-// come back; with every rank present a recorded error throws instead.
+// come back; with every rank present a recorded error throws instead. Rank
+// `late` (if >= 0) queues its call 2 ms after the others, behind a one-thread
+// kernel of `delay_us`.
 struct RmsNormResult {
   std::string normed, new_residual, error;
 };
 RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x,
                               const std::string& residual, const std::string& weight,
-                              int64_t tokens, int64_t hidden, float eps, int absent = -1);
+                              int64_t tokens, int64_t hidden, float eps, int absent = -1,
+                              int late = -1, int64_t delay_us = 0);
 
 // One all-gather or reduce-scatter (pieces of `count` elements) on every virtual
 // rank of `comm`: x holds every rank's input back to back (all-gather: one piece
