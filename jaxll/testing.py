@@ -265,6 +265,27 @@ def kernel_time_us(nranks: int, nbytes: int, *, dtype="float32", op: str = "sum"
                                 count, int(iters), int(reps)))
 
 
+def gather_scatter_time_us(nranks: int, nbytes: int, *, collective: str = "all_gather",
+                           dtype="float32", algorithm: str = "oneshot_ll", iters: int = 200,
+                           reps: int = 20, device=None,
+                           config: workspace.WorkspaceConfig | None = None) -> list[float]:
+  """Kernel time per all-gather or reduce-scatter call (``collective``
+  "all_gather" or "psum_scatter"; µs, one value per repetition), pieces of
+  ``nbytes`` per rank, measured as :func:`kernel_time_us` measures the
+  all-reduce (subtract :func:`graph_floor_us` for the kernel's own time)."""
+  codes = {"all_gather": _ALL_GATHER, "psum_scatter": _REDUCE_SCATTER}
+  if collective not in codes:
+    raise ValueError(f"collective must be all_gather or psum_scatter, got {collective!r}")
+  if algorithm not in ("oneshot_ll", "oneshot_barrier"):
+    raise ValueError(f"algorithm must be oneshot_ll or oneshot_barrier, got {algorithm!r}")
+  dtype = np.dtype(jax.numpy.dtype(dtype))
+  ws = virtual_workspace(nranks, device=device, config=config)
+  count = max(1, nbytes // dtype.itemsize)
+  return list(ext.virtual_gather_scatter_bench(
+      ws.id, codes[collective], algorithms.SPECS[algorithm].code,
+      algorithms.DTYPE_CODES[dtype.name], count, int(iters), int(reps)))
+
+
 def graph_floor_us(nranks: int, *, iters: int = 200, reps: int = 20, device=None,
                    config: workspace.WorkspaceConfig | None = None) -> list[float]:
   """Time per round of the same graph with an empty kernel per rank: the floor

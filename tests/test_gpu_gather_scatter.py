@@ -104,3 +104,13 @@ def test_through_shard_map_on_one_gpu(algorithm):
     g_ref = jax.jit(jax.grad(lambda v: ref(v).sum()))(x)
   np.testing.assert_allclose(np.asarray(g_ours), np.asarray(g_ref), rtol=1e-6)
   jaxll.check_errors()
+
+
+def test_kernel_timing_tool_runs():
+  # the timing behind benchmarks/gather_scatter.py: positive times, no error
+  for coll in ("all_gather", "psum_scatter"):
+    for algorithm in ALGORITHMS:
+      t = jt.gather_scatter_time_us(2, 4096, collective=coll, algorithm=algorithm, iters=20,
+                                    reps=3)
+      assert len(t) == 3 and all(v > 0 for v in t), (coll, algorithm, t)
+  jaxll.check_errors()

@@ -344,6 +344,14 @@ NB_MODULE(_jaxll, m) {
   }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "x"_a, "count"_a,
         "One all-gather (collective 2) or reduce-scatter (3) of pieces of `count` elements on "
         "every virtual rank (raw bytes in and out) and the first recorded error.");
+  m.def("virtual_gather_scatter_bench", [](int64_t id, int collective, int algorithm, int dtype,
+                                           int64_t count, int iters, int reps) {
+    Workspace& c = get_comm(id);
+    nb::gil_scoped_release release;
+    return virtual_gather_scatter_bench(c, static_cast<Collective>(collective),
+                                        static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
+                                        count, iters, reps);
+  }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "count"_a, "iters"_a, "reps"_a);
   m.def("virtual_bench", [](int64_t id, int algorithm, int dtype, int op, int64_t count, int iters,
                             int reps) {
     Workspace& c = get_comm(id);

@@ -601,6 +601,31 @@ std::vector<double> virtual_bench(Workspace& comm, Algorithm algorithm, DType dt
   });
 }
 
+std::vector<double> virtual_gather_scatter_bench(Workspace& comm, Collective c, Algorithm algorithm,
+                                                 DType dtype, int64_t count, int iters, int reps) {
+  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_gather_scatter_bench needs a virtual-rank workspace");
+  if (count <= 0 || iters <= 0 || reps <= 0) throw std::runtime_error("count, iters and reps must be positive");
+  if (!has_gather_scatter_kernel(c, algorithm, dtype)) {
+    throw std::runtime_error("virtual_gather_scatter_bench: no kernel for this collective, algorithm and dtype");
+  }
+  DeviceGuard guard(comm.rank(0, 0).ordinal);
+  const int n = comm.group_size();
+  const size_t piece = static_cast<size_t>(count) * dtype_bytes(dtype);
+  const size_t in_bytes = c == Collective::kAllGather ? piece : piece * n;
+  const size_t out_bytes = c == Collective::kAllGather ? piece * n : piece;
+  Buffers bufs;
+  std::vector<void*> in(n), out(n);
+  for (int r = 0; r < n; ++r) {
+    in[r] = bufs.alloc(in_bytes);
+    out[r] = bufs.alloc(out_bytes);
+    check_cuda(cudaMemset(in[r], 0x11, in_bytes), "filling inputs");
+  }
+  check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
+  return time_graph(comm, iters, reps, [&](int r, cudaStream_t s) {
+    return launch_gather_scatter(c, algorithm, dtype, comm.rank(0, r).view, in[r], out[r], count, s);
+  });
+}
+
 std::vector<double> virtual_floor(Workspace& comm, int iters, int reps) {
   if (!comm.virtual_ranks()) throw std::runtime_error("virtual_floor needs a virtual-rank workspace");
   DeviceGuard guard(comm.rank(0, 0).ordinal);

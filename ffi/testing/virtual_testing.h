@@ -92,6 +92,11 @@ struct GatherScatterResult {
 GatherScatterResult virtual_gather_scatter(Workspace& comm, Collective c, Algorithm algorithm,
                                            DType dtype, const std::string& x, int64_t count);
 
+// Per-call time (us) of the all-gather or reduce-scatter kernel on every
+// virtual rank, measured as virtual_bench measures the all-reduce's.
+std::vector<double> virtual_gather_scatter_bench(Workspace& comm, Collective c, Algorithm algorithm,
+                                                 DType dtype, int64_t count, int iters, int reps);
+
 // The kernels these tools launch. Workspace::Create loads them with the collective
 // kernels: lazily loading a kernel while a collective spins on the device can
 // stall until the collective's deadline.
