@@ -44,10 +44,11 @@ std::vector<const void*>& preloaded_kernels() {
 // most shared memory; JAXLL_SMEM_CARVEOUT, default 0 = the most L1; -1 leaves
 // the driver's choice). The kernels need almost no shared memory, but left to
 // itself the driver picks a configuration per kernel from its block size, and
-// an SM changes configuration only when idle. Hypothesis under test (session 6,
-// tests/gpu_scripts/fused_rmsnorm_harness.cu): once spinning blocks of the
-// ranks that arrived sit on every SM, a lagging rank's kernel that wants
-// another configuration is placed nowhere, and every rank times out.
+// an SM changes configuration only when idle: where ranks share a GPU, once
+// spinning blocks of the ranks that arrived sit on every SM, a lagging rank's
+// kernel that wants another configuration is placed nowhere and every rank
+// times out (seen on one H200, benchmarks/README.md "Faults"; with one
+// preference for every kernel it no longer happens, at no measured cost).
 int shared_memory_carveout() {
   const char* env = std::getenv("JAXLL_SMEM_CARVEOUT");
   const std::string want = env ? env : "";
