@@ -43,7 +43,7 @@ def test_all_gather_moves_every_bit(n, dtype, algorithm):
     x = _random((n, count), dtype, seed=100 * n + i)
     if np.dtype(dtype).kind == "f":  # bit patterns arithmetic would not keep
       bits = _bits(x)
-      bits[:, 0] = bits.dtype.type(-1)  # all-ones: a NaN with a payload
+      bits[:, 0] = np.iinfo(bits.dtype).max  # all-ones: a NaN with a payload
       if count > 1:
         bits[:, 1] = bits.dtype.type(1 << (8 * bits.dtype.itemsize - 1))  # -0.0
     got = jt.virtual_all_gather(x, algorithm=algorithm)
