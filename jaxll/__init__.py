@@ -15,6 +15,7 @@ from jaxll.algorithms import ALGORITHMS
 from jaxll.all_reduce import all_reduce
 from jaxll.call_sites import CallSite, explain, recent_call_sites
 from jaxll.fused import all_reduce_rmsnorm
+from jaxll.gather_scatter import all_gather, psum_scatter
 from jaxll import extension
 from jaxll.extension import get_cmake_dir, get_include
 from jaxll.lowering import AlgorithmUnavailableError
@@ -47,6 +48,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "Workspace",
     "WorkspaceConfig",
+    "all_gather",
     "all_reduce",
     "all_reduce_rmsnorm",
     "check_errors",
@@ -58,6 +60,7 @@ __all__ = [
     "get_cmake_dir",
     "get_config",
     "get_include",
+    "psum_scatter",
     "kernels_available",
     "on_error_mode",
     "recent_call_sites",

@@ -77,7 +77,7 @@ def _register_targets() -> None:
     # measure the custom-call floor. The virtual-rank handler forks onto several
     # streams and stays outside them.
     extra = cmd_buffer if name in ("jaxll_all_reduce", "jaxll_all_reduce_rmsnorm",
-                                   "jaxll_noop", "jaxll_join") else {}
+                                   "jaxll_gather_scatter", "jaxll_noop", "jaxll_join") else {}
     jax.ffi.register_ffi_target(name, capsule, platform="CUDA", **extra)
 
 

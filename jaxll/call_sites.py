@@ -26,7 +26,8 @@ if settings.env_flag("JAXLL_LOG_PATHS"):
 
 @dataclasses.dataclass(frozen=True)
 class CallSite:
-  """The decision taken for one call site of ``jaxll.all_reduce``."""
+  """The decision taken for one call site of a jaxll collective (``op`` says which:
+  sum/max/min for ``jaxll.all_reduce``, sum+rmsnorm, all_gather, psum_scatter)."""
   site: str          # "file.py:LINE (function)" of the user's call, when known, then
                      # " <- caller" for each user function that called it directly
   axes: str          # mesh axes reduced over, comma-separated
@@ -66,7 +67,7 @@ _recent_lock = threading.Lock()
 def record(site: CallSite) -> None:
   with _recent_lock:
     _recent.append(site)
-  logger.info("jaxll.all_reduce at %s: %s (%s) for %s %s over %s",
+  logger.info("jaxll %s at %s: %s (%s) for %s %s over %s", site.op,
               site.site, site.algorithm, site.reason, site.shape, site.dtype, site.axes)
 
 
@@ -86,7 +87,8 @@ def call_sites_in(text: str) -> list[CallSite]:
 
 def explain(fn, *args, **kwargs) -> list[CallSite]:
   """Lowers ``jax.jit(fn)`` for these arguments and returns, for every
-  ``jaxll.all_reduce`` call site in it, the path it took.
+  jaxll collective call site in it (``all_reduce``, ``all_reduce_rmsnorm``,
+  ``all_gather``, ``psum_scatter``), the path it took.
 
   Example::
 

@@ -93,29 +93,90 @@ def virtual_all_reduce(x, *, op: str = "sum", algorithm: str = "oneshot_ll", dev
 
 
 def virtual_all_reduce_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None,
-                               config: workspace.WorkspaceConfig | None = None):
+                               config: workspace.WorkspaceConfig | None = None,
+                               absent_rank: int | None = None, late_rank: int | None = None,
+                               delay_us: int = 0):
   """The fused all-reduce + residual + RMSNorm kernel on N virtual ranks:
   ``x`` is ``(N, tokens, hidden)`` (row r is rank r's partial sums), residual
   ``(tokens, hidden)`` and weight ``(hidden,)`` of x's dtype (float32,
   bfloat16, float16), numpy arrays. Returns numpy ``(normed, new_residual)``,
   each ``(N, tokens, hidden)``: every rank's outputs (bitwise equal across
-  ranks). Raises RuntimeError with the recorded error if a rank gave up."""
+  ranks). Raises RuntimeError with the recorded error if a rank gave up.
+
+  Fault injection: with ``absent_rank`` set, that rank makes no call, the
+  others give up after the workspace's timeout, and the return value is
+  ``(normed, new_residual, error)`` with the first recorded error (the absent
+  rank's outputs stay zero); nothing is raised. With ``late_rank`` set, that
+  rank's call is queued 2 ms after the others', behind a one-thread kernel of
+  ``delay_us`` microseconds (it must still find room on the GPU)."""
   x = np.asarray(x)
   dtype = np.dtype(x.dtype)
   if x.ndim != 3:
     raise ValueError("virtual_all_reduce_rmsnorm needs x of shape (N, tokens, hidden)")
   n, tokens, hidden = x.shape
+  for name, r in (("absent_rank", absent_rank), ("late_rank", late_rank)):
+    if r is not None and not 0 <= int(r) < n:
+      raise ValueError(f"{name} must be a rank of the {n}, got {r}")
   residual = np.ascontiguousarray(np.asarray(residual, dtype))
   weight = np.ascontiguousarray(np.asarray(weight, dtype))
   if residual.shape != (tokens, hidden) or weight.shape != (hidden,):
     raise ValueError("residual must be (tokens, hidden) and weight (hidden,)")
   ws = virtual_workspace(n, device=device, config=config)
-  normed, new_residual = ext.virtual_rmsnorm(
+  normed, new_residual, error = ext.virtual_rmsnorm(
       ws.id, algorithms.DTYPE_CODES[dtype.name], np.ascontiguousarray(x).tobytes(),
-      residual.tobytes(), weight.tobytes(), int(tokens), int(hidden), float(eps))
+      residual.tobytes(), weight.tobytes(), int(tokens), int(hidden), float(eps),
+      -1 if absent_rank is None else int(absent_rank),
+      -1 if late_rank is None else int(late_rank), int(delay_us))
   shape = (n, tokens, hidden)
-  return (np.frombuffer(normed, dtype).reshape(shape).copy(),
-          np.frombuffer(new_residual, dtype).reshape(shape).copy())
+  out = (np.frombuffer(normed, dtype).reshape(shape).copy(),
+         np.frombuffer(new_residual, dtype).reshape(shape).copy())
+  return out if absent_rank is None else out + (error,)
+
+
+# Call-signature collective codes of the gather/scatter kernels (ffi/kernels/all_reduce.h).
+_ALL_GATHER, _REDUCE_SCATTER = 2, 3
+
+
+def _gather_scatter(code, x, count, algorithm, device, config):
+  x = np.ascontiguousarray(x)
+  dtype = np.dtype(x.dtype)
+  if dtype.name not in algorithms.DTYPE_CODES:
+    raise TypeError(f"no kernel for {dtype}")
+  if algorithm not in ("oneshot_ll", "oneshot_barrier"):
+    raise ValueError(f"algorithm must be oneshot_ll or oneshot_barrier, got {algorithm!r}")
+  ws = virtual_workspace(x.shape[0], device=device, config=config)
+  y, error = ext.virtual_gather_scatter(ws.id, code, algorithms.SPECS[algorithm].code,
+                                        algorithms.DTYPE_CODES[dtype.name], x.tobytes(),
+                                        int(count))
+  if error:
+    raise RuntimeError(error)
+  return np.frombuffer(y, dtype).copy()
+
+
+def virtual_all_gather(x, *, algorithm: str = "oneshot_ll", device=None,
+                       config: workspace.WorkspaceConfig | None = None):
+  """The all-gather kernel on N virtual ranks: ``x`` is ``(N, count)`` (row r is
+  rank r's piece; float32, bfloat16, float16 or int32). Returns ``(N, N,
+  count)``: every rank's gathered output. Raises RuntimeError with the
+  recorded error if a rank gave up."""
+  x = np.asarray(x)
+  if x.ndim != 2:
+    raise ValueError("virtual_all_gather needs x of shape (N, count)")
+  n, count = x.shape
+  return _gather_scatter(_ALL_GATHER, x, count, algorithm, device, config).reshape(n, n, count)
+
+
+def virtual_psum_scatter(x, *, algorithm: str = "oneshot_ll", device=None,
+                         config: workspace.WorkspaceConfig | None = None):
+  """The reduce-scatter kernel on N virtual ranks: ``x`` is ``(N, N, count)``
+  (``x[r, j]`` is rank r's contribution to piece j). Returns ``(N, count)``:
+  rank r's piece of the sum, added in rank order. Raises RuntimeError with the
+  recorded error if a rank gave up."""
+  x = np.asarray(x)
+  if x.ndim != 3 or x.shape[0] != x.shape[1]:
+    raise ValueError("virtual_psum_scatter needs x of shape (N, N, count)")
+  n, _, count = x.shape
+  return _gather_scatter(_REDUCE_SCATTER, x, count, algorithm, device, config).reshape(n, count)
 
 
 def stress(nranks: int, counts, *, dtype="float32", op: str = "sum",
@@ -202,6 +263,27 @@ def kernel_time_us(nranks: int, nbytes: int, *, dtype="float32", op: str = "sum"
   return list(ext.virtual_bench(ws.id, algorithms.SPECS[name].code,
                                 algorithms.DTYPE_CODES[dtype.name], algorithms.OP_CODES[op],
                                 count, int(iters), int(reps)))
+
+
+def gather_scatter_time_us(nranks: int, nbytes: int, *, collective: str = "all_gather",
+                           dtype="float32", algorithm: str = "oneshot_ll", iters: int = 200,
+                           reps: int = 20, device=None,
+                           config: workspace.WorkspaceConfig | None = None) -> list[float]:
+  """Kernel time per all-gather or reduce-scatter call (``collective``
+  "all_gather" or "psum_scatter"; µs, one value per repetition), pieces of
+  ``nbytes`` per rank, measured as :func:`kernel_time_us` measures the
+  all-reduce (subtract :func:`graph_floor_us` for the kernel's own time)."""
+  codes = {"all_gather": _ALL_GATHER, "psum_scatter": _REDUCE_SCATTER}
+  if collective not in codes:
+    raise ValueError(f"collective must be all_gather or psum_scatter, got {collective!r}")
+  if algorithm not in ("oneshot_ll", "oneshot_barrier"):
+    raise ValueError(f"algorithm must be oneshot_ll or oneshot_barrier, got {algorithm!r}")
+  dtype = np.dtype(jax.numpy.dtype(dtype))
+  ws = virtual_workspace(nranks, device=device, config=config)
+  count = max(1, nbytes // dtype.itemsize)
+  return list(ext.virtual_gather_scatter_bench(
+      ws.id, codes[collective], algorithms.SPECS[algorithm].code,
+      algorithms.DTYPE_CODES[dtype.name], count, int(iters), int(reps)))
 
 
 def graph_floor_us(nranks: int, *, iters: int = 200, reps: int = 20, device=None,

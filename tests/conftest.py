@@ -59,6 +59,18 @@ def cpu_devices():
 
 
 @pytest.fixture(scope="module")
+def mesh1(cpu_devices):
+  """The 8 CPU devices as one axis, "tp"."""
+  return jax.make_mesh((8,), ("tp",), devices=cpu_devices)
+
+
+@pytest.fixture(scope="module")
+def mesh2(cpu_devices):
+  """The 8 CPU devices as ("dp", "tp") = (2, 4)."""
+  return jax.make_mesh((2, 4), ("dp", "tp"), devices=cpu_devices)
+
+
+@pytest.fixture(scope="module")
 def mps():
   """One CUDA MPS daemon for every multi-process run of a test module, where MPS
   exists (False elsewhere)."""

@@ -21,16 +21,6 @@ REFERENCE = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin,
              "mean": jax.lax.pmean}
 
 
-@pytest.fixture(scope="module")
-def mesh1(cpu_devices):
-  return jax.make_mesh((8,), ("tp",), devices=cpu_devices)
-
-
-@pytest.fixture(scope="module")
-def mesh2(cpu_devices):
-  return jax.make_mesh((2, 4), ("dp", "tp"), devices=cpu_devices)
-
-
 def _put(mesh, x, spec):
   return jax.device_put(x, NamedSharding(mesh, spec))
 

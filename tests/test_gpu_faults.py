@@ -98,6 +98,67 @@ def test_late_rank_behind_a_second_kernel_is_not_starved(n, kernels):
   assert got == [0] * n and jaxll.errors() == [], (got, jaxll.errors())
 
 
+@pytest.mark.parametrize("n,tokens,hidden", [(2, 1, 8192), (4, 8, 4096), (8, 3, 5120),
+                                             (3, 40, 1024)])
+def test_fused_call_with_an_absent_rank_is_poisoned_then_recovers(n, tokens, hidden):
+  """A rank that never makes its fused all_reduce_rmsnorm call: the others give
+  up after the timeout with both outputs wholly poisoned, the next call (the
+  error still recorded) is poisoned at once, and after a reset the same
+  workspace gives the right result. Rows split over blocks (clusters on
+  Hopper, whose blocks must still meet at every row's exchange) and whole-row
+  blocks are both covered."""
+  rng = np.random.default_rng(tokens * hidden)
+  x = rng.standard_normal((n, tokens, hidden)).astype(jnp.bfloat16)
+  residual = rng.standard_normal((tokens, hidden)).astype(jnp.bfloat16)
+  weight = (1 + 0.1 * rng.standard_normal(hidden)).astype(jnp.bfloat16)
+  for attempt in range(2):
+    t0 = time.monotonic()
+    normed, new, err = jt.virtual_all_reduce_rmsnorm(x, residual, weight, config=CFG,
+                                                     absent_rank=n - 1)
+    took = time.monotonic() - t0
+    assert "waited more than 300 ms" in err, err
+    assert took < 5, took
+    for r in range(n - 1):
+      assert (normed[r].view(np.uint16) == 0xFFFF).all(), (attempt, r)
+      assert (new[r].view(np.uint16) == 0xFFFF).all(), (attempt, r)
+  jaxll.reset()
+  normed, new = jt.virtual_all_reduce_rmsnorm(x, residual, weight, config=CFG)
+  s = x[0].astype(np.float32)
+  for r in range(1, n):
+    s = s + x[r].astype(np.float32)
+  want_new = (s.astype(jnp.bfloat16).astype(np.float32) + residual.astype(np.float32)).astype(
+      jnp.bfloat16)
+  for r in range(n):
+    np.testing.assert_array_equal(new[r].view(np.uint16), want_new.view(np.uint16))
+    np.testing.assert_array_equal(normed[r].view(np.uint16), normed[0].view(np.uint16))
+  assert np.isfinite(normed[0].astype(np.float32)).all()
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_late_rank_of_a_fused_call_is_not_starved(n):
+  """The fused kernel's grids at the bound (8 tokens of 8192 bf16: rows of 8
+  segments, thread-block clusters on Hopper), the last rank's call queued 2 ms
+  after the others' and behind a 20 ms kernel: its blocks (clusters, which need
+  room inside one GPC) must still be placed while the others spin."""
+  cfg = jaxll.WorkspaceConfig(timeout_ms=3000)
+  rng = np.random.default_rng(n)
+  tokens, hidden = 8, 8192
+  x = rng.standard_normal((n, tokens, hidden)).astype(jnp.bfloat16)
+  residual = rng.standard_normal((tokens, hidden)).astype(jnp.bfloat16)
+  weight = (1 + 0.1 * rng.standard_normal(hidden)).astype(jnp.bfloat16)
+  normed, new = jt.virtual_all_reduce_rmsnorm(x, residual, weight, config=cfg,
+                                              late_rank=n - 1, delay_us=20_000)
+  s = x[0].astype(np.float32)
+  for r in range(1, n):
+    s = s + x[r].astype(np.float32)
+  want_new = (s.astype(jnp.bfloat16).astype(np.float32) + residual.astype(np.float32)).astype(
+      jnp.bfloat16)
+  for r in range(n):
+    np.testing.assert_array_equal(new[r].view(np.uint16), want_new.view(np.uint16))
+    np.testing.assert_array_equal(normed[r].view(np.uint16), normed[0].view(np.uint16))
+  assert jaxll.errors() == []
+
+
 # (rank 0's call, rank 1's call): each pair differs in one thing
 MISMATCHES = {
     "count": (dict(count=4096), dict(count=4095)),

@@ -223,7 +223,8 @@ def test_extension_facts():
   assert ext.max_ranks >= 8 and ext.max_blocks >= 1
   assert set(ext.handlers()) == {"jaxll_all_reduce", "jaxll_virtual_all_reduce",
                                  "jaxll_device_ordinal", "jaxll_noop", "jaxll_check",
-                                 "jaxll_all_reduce_rmsnorm", "jaxll_join"}
+                                 "jaxll_all_reduce_rmsnorm", "jaxll_join",
+                                 "jaxll_gather_scatter"}
 
 
 def test_no_errors_without_workspaces():

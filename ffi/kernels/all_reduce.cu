@@ -143,7 +143,15 @@ std::string describe_signature(uint64_t sig) {
   if (d.collective == kRmsNormCollective) {
     return "all_reduce_rmsnorm of " + std::to_string(d.count >> 20) + " x " +
            std::to_string(d.count & 0xFFFFF) + " " + name(dtype_codes(), d.dtype) +
-           " elements (tokens x hidden, modulo 2^20), algorithm fused";
+           " elements (tokens x hidden, modulo 2^20), algorithm fused, plan " +
+           std::to_string(d.op) + " (the cut into blocks, which depends on the device)";
+  }
+  if (d.collective == static_cast<uint32_t>(Collective::kAllGather) ||
+      d.collective == static_cast<uint32_t>(Collective::kReduceScatter)) {
+    const bool gather = d.collective == static_cast<uint32_t>(Collective::kAllGather);
+    return std::string(gather ? "all_gather" : "psum_scatter") + " of pieces of " +
+           std::to_string(d.count) + " " + name(dtype_codes(), d.dtype) + " elements, algorithm " +
+           name(algorithm_codes(), d.algorithm);
   }
   return std::string(d.collective == 0 ? "all_reduce" : "collective " + std::to_string(d.collective)) +
          " of " + std::to_string(d.count) + " " + name(dtype_codes(), d.dtype) + " elements, op " +
@@ -181,6 +189,7 @@ std::vector<const void*> all_kernel_functions() {
   std::vector<const void*> out;
   for (const KernelEntry& e : table().entries()) out.push_back(e.fn);
   for (const void* fn : rmsnorm_kernel_functions()) out.push_back(fn);
+  for (const void* fn : gather_scatter_kernel_functions()) out.push_back(fn);
   out.push_back(reinterpret_cast<const void*>(&fill_i32_kernel));
   out.push_back(reinterpret_cast<const void*>(&empty_kernel));
   return out;

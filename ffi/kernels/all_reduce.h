@@ -84,6 +84,21 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
                                       void* new_residual, int64_t tokens, int64_t hidden,
                                       float eps, cudaStream_t stream);
 std::vector<const void*> rmsnorm_kernel_functions();
+// How a call of the fused kernel is cut (what launch_all_reduce_rmsnorm does):
+// rows of `segments` blocks of `threads` threads, `rows_at_once` rows at a time
+// in `waves` row-waves, the S blocks of a row one thread-block cluster when
+// `cluster` > 1; `slots`: the row's partial sums go through the header's
+// tagged slots (the tag then advances by `waves`).
+struct RmsNormPlan {
+  int64_t segments = 1, seg_span = 0, chunk_units = 0, rows_at_once = 1, blocks = 0, waves = 0;
+  int threads = 0, cluster = 1;
+  bool slots = false, pdl = false;
+};
+RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t tokens,
+                                    int64_t hidden);
+// The plan's 4-bit code in the call signature's reduction field (ranks whose
+// plans differ then report a mismatch instead of exchanging mismatched rows).
+uint32_t rmsnorm_plan_code(const RmsNormPlan& plan);
 // Its call signature's collective code; the signature's count field holds the
 // shape, tokens in bits 20-39 and hidden in bits 0-19 (each modulo 2^20), so
 // ranks that call with different shapes of one size are told apart.
@@ -91,6 +106,19 @@ constexpr uint32_t kRmsNormCollective = 1;
 constexpr uint64_t rmsnorm_signature_shape(int64_t tokens, int64_t hidden) {
   return (static_cast<uint64_t>(tokens) & 0xFFFFF) << 20 | (static_cast<uint64_t>(hidden) & 0xFFFFF);
 }
+
+// All-gather and reduce-scatter (gather_scatter.cu), on the one-shot path with
+// the LL16 protocol (Algorithm::kOneShotLL) or the barrier baseline
+// (kOneShotBarrier). `count` is the elements of one piece: all-gather takes
+// `count` and writes nranks x `count` (rank r's piece at r x count); reduce-
+// scatter takes nranks x `count` and writes `count` (this rank's piece of the
+// sum, added in rank order). The collective is the call signature's code.
+enum class Collective : uint32_t { kAllReduce = 0, kRmsNorm = 1, kAllGather = 2, kReduceScatter = 3 };
+bool has_gather_scatter_kernel(Collective c, Algorithm algorithm, DType dtype);
+cudaError_t launch_gather_scatter(Collective c, Algorithm algorithm, DType dtype,
+                                  const RankView& view, const void* in, void* out, int64_t count,
+                                  cudaStream_t stream);
+std::vector<const void*> gather_scatter_kernel_functions();
 
 // Small helper kernels used by the runtime and the testing tools.
 

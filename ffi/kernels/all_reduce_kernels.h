@@ -149,8 +149,17 @@ void register_family(KernelTable& t, Family f) {
 // programmatic dependent launch (all_reduce.cu says when that is safe).
 bool launches_early(const RankView& view, int64_t blocks);
 // Launches collective kernel `fn` with its one argument struct `args`, as a
-// programmatic dependent launch when `pdl`.
+// programmatic dependent launch when `pdl`, in thread-block clusters of
+// `cluster` consecutive blocks when `cluster` > 1 (it must divide `blocks`).
 cudaError_t launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, void* args,
-                              cudaStream_t stream);
+                              cudaStream_t stream, int cluster = 1);
+// How many clusters of `cluster` blocks of `threads` threads of kernel `fn` a
+// rank on `view`'s workspace may keep resident at once: the device's capacity
+// for such clusters (cudaOccupancyMaxActiveClusters on the current device)
+// times the rank's share of the co-residency bound (view.max_blocks over the
+// SM count times fn's blocks per SM at kBlockThreads), so that every rank
+// sharing the GPU fits its clusters beside the others'. 0 where the device
+// cannot launch clusters. Cached per device, kernel and shape.
+int64_t cluster_allowance(const void* fn, int cluster, int threads, const RankView& view);
 
 }  // namespace jaxll

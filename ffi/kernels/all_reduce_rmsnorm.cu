@@ -9,14 +9,20 @@
 // order (bitwise the result jaxll.all_reduce gives), adds the residual in
 // float32 and rounds once (new_residual), and accumulates the squares of the
 // rounded values. The S blocks of a row then combine their partial sums of
-// squares through this rank's header (LL16 packets tagged with a per-call tag,
-// added in segment order, so every block and every rank gets the same sum), and
-// each writes normed = round(new_residual * rsqrt(mean + eps)) * weight for its
-// own segment. Scratch alternates by epoch parity, as in the one-shot all-reduce
+// squares, added in segment order so that every block and every rank gets the
+// same sum: on devices that launch thread-block clusters (compute capability
+// 9.0 and newer) the S blocks of a row form one cluster (S <= 8) and trade
+// their partials through distributed shared memory and the cluster barrier;
+// elsewhere (or where the GPU cannot hold every rank's clusters at once)
+// through this rank's header, as LL16 packets tagged with a per-call tag. Each
+// block then writes normed = round(new_residual * rsqrt(mean + eps)) * weight
+// for its own segment. Scratch alternates by epoch parity, as in the one-shot all-reduce
 // (all_reduce_common.cuh); call signatures are checked the same way (collective
 // code 1). All blocks of the grid are co-resident (the grid bound), so a block
 // waiting for its row's partial sums always ends.
 #include <algorithm>
+
+#include <cooperative_groups.h>
 
 #include "all_reduce_common.cuh"
 #include "all_reduce_kernels.h"
@@ -53,6 +59,8 @@ namespace {
 
 // Units a block's segment aims at (the one-shot all-reduce's block size).
 constexpr int64_t kSegmentUnits = 128;
+// Most blocks of a row in a cluster (the portable cluster size).
+constexpr int kClusterSegments = 8;
 
 struct RmsNormArgs {
   AllReduceArgs base;  // view, signature and trigger (the other fields unused)
@@ -68,6 +76,7 @@ struct RmsNormArgs {
   int64_t chunk_units;  // most units of a segment one round moves
   int segments;         // S: blocks per row
   int waves;            // row-waves of the call: ceil(tokens / (gridDim.x / S))
+  int clustered;        // 1: the S blocks of a row are one thread-block cluster
   float eps;
 };
 
@@ -163,6 +172,71 @@ __device__ __forceinline__ float row_total(const RmsNormArgs& a, const Segment& 
   return total;
 }
 
+// The row's total when its S blocks are one cluster: every block writes its
+// partial (and whether it failed) into slot [parity][segment] of each sibling's
+// shared memory, and the cluster barrier (release/acquire at cluster scope)
+// makes all S visible; every block then adds them in segment order. Every
+// thread of every block of the cluster calls it once per row the blocks hold,
+// failed or not (a block that gave up still takes part, so no sibling waits on
+// it; its failure reaches the siblings, which then poison their segments). The
+// drain is needed for correctness: a sibling that left early would not hang the
+// barrier (it counts only threads that have not exited), but the others would
+// read its slot from an earlier row or call and write a wrong, unpoisoned norm.
+// Slot parity alternates by row: a sibling writes row k + 2's slot only after
+// the barrier of row k + 1, which this block reaches after reading row k's.
+// No block may touch a sibling's shared memory before the sibling has started:
+// every thread arrives on the cluster barrier at kernel entry
+// (cluster_entry_arrive) and waits on it before its first exchange (`entered`
+// tracks that), so the wait costs nothing once the row is reduced. After its
+// last exchange no block touches another's shared memory, so blocks may exit.
+__device__ __forceinline__ void cluster_entry_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ float cluster_row_total(float part, int parity, int segments,
+                                                   bool* ok, bool* entered) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  __shared__ float s_total_part[2][kClusterSegments];
+  __shared__ int s_total_bad[2][kClusterSegments];
+  if (!*entered) {
+    asm volatile("barrier.cluster.wait;" ::: "memory");  // every sibling has started
+    *entered = true;
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  if (cluster.num_blocks() != static_cast<unsigned>(segments)) __trap();  // launch/plan disagree
+  const unsigned seg = cluster.block_rank();
+  if (threadIdx.x < static_cast<unsigned>(segments)) {
+    *cluster.map_shared_rank(&s_total_part[parity][seg], threadIdx.x) = part;
+    *cluster.map_shared_rank(&s_total_bad[parity][seg], threadIdx.x) = *ok ? 0 : 1;
+  }
+  cluster.sync();
+  float total = 0.f;
+  int bad = 0;
+  for (int j = 0; j < segments; ++j) {
+    total += s_total_part[parity][j];
+    bad |= s_total_bad[parity][j];
+  }
+  if (bad) *ok = false;
+  return total;
+#else
+  __trap();  // the host launches clusters only where the device has them
+  return part;
+#endif
+}
+
+// A clustered block that gave up before row `from`'s exchange: it still takes
+// part in the exchanges of that row and the later ones, flagged as failed.
+__device__ __forceinline__ void cluster_drain(const RmsNormArgs& a, const Segment& g,
+                                              int64_t from, bool* entered) {
+  for (int64_t k = from; k < g.rows; ++k) {
+    bool failed = false;
+    cluster_row_total(0.f, static_cast<int>(k & 1), a.segments, &failed, entered);
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel(RmsNormArgs a) {
   using Tr = ElemTraits<T>;
@@ -177,22 +251,33 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
   const bool vec = ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(res) |
                      reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(nres) |
                      reinterpret_cast<uintptr_t>(normed)) % 8) == 0;
+  bool entered = false;  // (clustered: this thread has waited out the entry barrier)
+  if (a.clustered) cluster_entry_arrive();
   collective_prologue(a.base);
   JAXLL_PHASE(0);
 
   const Segment g = segment_of(a);
   const int64_t rows_at_once = gridDim.x / a.segments;
   const int64_t chunks = (g.u1 - g.u0 + a.chunk_units - 1) / a.chunk_units;
+  // Partial sums go through the header's slots (tagged) only for rows split
+  // over blocks that are not one cluster.
+  const bool slots = a.segments > 1 && !a.clustered;
   // The tag of this call's row-waves: the last call's last block advanced it
   // (and the kernel boundary made that visible to every block of this call).
   // Loaded before block_begin's loads so that the two latencies overlap.
-  const uint64_t tag0 = *reinterpret_cast<volatile uint64_t*>(&v.header->norm_tag);
+  const uint64_t tag0 = slots ? *reinterpret_cast<volatile uint64_t*>(&v.header->norm_tag) : 0;
   const BlockStart bs = block_begin(v, static_cast<uint32_t>(g.rows * chunks));
   JAXLL_PHASE(1);
   if (bs.had_error) {
     poison_segments<T>(a, g);
+    if (a.clustered) cluster_drain(a, g, 0, &entered);
     return;
   }
+  // A segment that one round moves with one unit per thread keeps its unit of
+  // new_residual and of the weight in registers for the norm (the weight is
+  // loaded before the wait for the peers, so its latency hides behind theirs).
+  const bool single = chunks == 1 && g.u1 - g.u0 <= static_cast<int64_t>(blockDim.x);
+  Unit<8> kept_new{}, kept_w{};
   const int sig_lane = !v.signatures || n == 1 ? 0 : signature_lane(n);
   send_signature(a.base, sig_lane, n, bs);
   bool ok = signature_ok(a.base, sig_lane, n, bs);
@@ -217,6 +302,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
         // (the residual is loaded before the wait for the peers, so its
         // latency hides behind theirs)
         const Unit<8> rv = load_unit<T, 8>(rr, c0 + i, a.hidden, vec);
+        if (single) kept_w = load_unit<T, 8>(w, c0 + i, a.hidden, vec);
         Unit<8> sum;
         if (ok) ok = reduce_slot<0, Proto::kLL, T, SumOp, 8>(ch, n, i, own, &sum);
         Unit<8> out = poison_unit<8>();
@@ -232,6 +318,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
           }
           memcpy(&out.p[0], o, 8);
         }
+        if (single) kept_new = out;
         store_unit<T, 8>(nr, c0 + i, a.hidden, vec, out);
       }
       // Between rounds the boundary orders this round's receives before the
@@ -241,6 +328,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
       const bool last_round = k + 1 == g.rows && c + 1 == chunks;
       if (last_round ? block_failed(ok) : round_boundary(ok)) {
         poison_segments<T>(a, g);
+        if (a.clustered) cluster_drain(a, g, k, &entered);
         return;
       }
     }
@@ -251,14 +339,15 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
     const float part = block_sum(squares);
     const float total =
         a.segments == 1 ? part
+        : a.clustered   ? cluster_row_total(part, static_cast<int>(k & 1), a.segments, &ok, &entered)
                         : row_total(a, g, part, tag0 + static_cast<uint64_t>(k) + 1,
                                     static_cast<int>(k & 1), bs.epoch + round - 1, &ok);
     const float inv = rsqrtf(total / static_cast<float>(a.hidden) + a.eps);
     JAXLL_PHASE(3);  // the row's sum of squares is known
     T* no = normed + row * a.hidden;
     for (int64_t u = g.u0 + threadIdx.x; u < g.u1; u += blockDim.x) {
-      const Unit<8> hv = load_unit<T, 8>(nr, u, a.hidden, vec);
-      const Unit<8> wv = load_unit<T, 8>(w, u, a.hidden, vec);
+      const Unit<8> hv = single ? kept_new : load_unit<T, 8>(nr, u, a.hidden, vec);
+      const Unit<8> wv = single ? kept_w : load_unit<T, 8>(w, u, a.hidden, vec);
       T h[E], wt[E], o[E];
       memcpy(h, &hv.p[0], 8);
       memcpy(wt, &wv.p[0], 8);
@@ -274,8 +363,9 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
   }
   JAXLL_PHASE(4);  // the norm is written
   // The last block of the call moves the tag past this call's row-waves, so
-  // the next call's packets never match a stale one.
-  if (threadIdx.x == 0) {
+  // the next call's packets never match a stale one (only calls that used the
+  // slots: the others leave both the slots and the tag as they were).
+  if (slots && threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(&v.header->norm_done, 1ull) == gridDim.x - 1) {
       v.header->norm_done = 0;
@@ -315,6 +405,69 @@ const char* rmsnorm_unsupported(DType dtype, int64_t hidden, const RankView& vie
   return nullptr;
 }
 
+uint32_t rmsnorm_plan_code(const RmsNormPlan& p) {
+  // 4 bits: whether clustered, and the segments and rows at once folded in
+  const uint64_t h = static_cast<uint64_t>(p.segments) * 131 +
+                     static_cast<uint64_t>(p.rows_at_once) * 7 + (p.cluster > 1 ? 1 : 0);
+  return static_cast<uint32_t>(h % 15);
+}
+
+RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t tokens,
+                                    int64_t hidden) {
+  RmsNormPlan plan;
+  const void* fn = rmsnorm_kernel_for(dtype);
+  if (fn == nullptr || tokens <= 0 || hidden <= 0) return plan;
+  const int64_t row_units = hidden * dtype_bytes(dtype) / 8;
+  // The grid the one-shot all-reduce would take for the whole message (a block
+  // per kSegmentUnits units, up to the bound); few rows are cut into segments
+  // to fill it, many rows go a whole row per block in several row-waves.
+  const int64_t cap = std::min<int64_t>({view.max_blocks, view.geo.blocks, kMaxBlocks});
+  const int64_t target =
+      std::min<int64_t>(cap, (tokens * row_units + kSegmentUnits - 1) / kSegmentUnits);
+  int64_t segments = 1;
+  if (tokens < target) {
+    segments = std::min<int64_t>((row_units + kSegmentUnits - 1) / kSegmentUnits, target / tokens);
+    segments = std::max<int64_t>(segments, 1);
+  }
+  const int64_t sig_warp = view.nranks > 1 && view.signatures ? 32 : 0;
+  // The cut for `s` segments per row, as many rows at once as the cap allows.
+  auto shape = [&](int64_t s) {
+    RmsNormPlan p;
+    p.seg_span = (row_units + s - 1) / s;
+    p.segments = (row_units + p.seg_span - 1) / p.seg_span;  // no segment left empty
+    p.rows_at_once = std::max<int64_t>(1, std::min<int64_t>(tokens, cap / p.segments));
+    p.chunk_units = std::min<int64_t>(p.seg_span, view.geo.region_bytes / 8);
+    const int64_t work = std::min<int64_t>(p.chunk_units, kBlockThreads);
+    p.threads = static_cast<int>(std::min<int64_t>(kBlockThreads, ((work + 31) / 32) * 32 + sig_warp));
+    return p;
+  };
+  plan = shape(segments);
+  // Rows split over blocks: one cluster per row where the device launches
+  // clusters and holds every rank's at once (at most kClusterSegments blocks a
+  // row), else the header's slots.
+  int64_t allowed = 0;
+  if (plan.segments > 1) {
+    const RmsNormPlan c = shape(std::min<int64_t>(plan.segments, kClusterSegments));
+    if (c.segments > 1) {
+      allowed = cluster_allowance(fn, static_cast<int>(c.segments), c.threads, view);
+      // (only where the rank may hold a cluster for every row of the wave: fewer
+      // rows at once would cost row-waves the slot path does not need)
+      if (allowed >= c.rows_at_once) {
+        plan = c;
+        plan.cluster = static_cast<int>(plan.segments);
+      }
+    }
+  }
+  plan.blocks = plan.segments * plan.rows_at_once;
+  plan.waves = (tokens + plan.rows_at_once - 1) / plan.rows_at_once;
+  plan.slots = plan.segments > 1 && plan.cluster == 1;
+  // PDL lets two of this rank's grids be resident: for clusters, only where
+  // twice the grid's clusters stay within the rank's share too.
+  plan.pdl = launches_early(view, plan.blocks) &&
+             (plan.cluster == 1 || 2 * plan.rows_at_once <= allowed);
+  return plan;
+}
+
 cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const void* x,
                                       const void* residual, const void* weight, void* normed,
                                       void* new_residual, int64_t tokens, int64_t hidden,
@@ -324,6 +477,7 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
     return cudaErrorInvalidValue;
   }
   if (tokens <= 0) return cudaSuccess;
+  const RmsNormPlan plan = plan_all_reduce_rmsnorm(dtype, view, tokens, hidden);
   RmsNormArgs a{};
   a.base.view = view;
   a.x = x;
@@ -335,34 +489,19 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
   a.hidden = hidden;
   a.row_units = hidden * dtype_bytes(dtype) / 8;
   a.eps = eps;
+  // The plan rides in the signature's reduction field: it depends on device
+  // queries (cluster support and capacity), so ranks on unlike devices could cut
+  // a call differently; that must be a reported mismatch, never a wrong row.
   a.base.signature = encode_signature(kRmsNormCollective, static_cast<uint32_t>(Algorithm::kOneShotLL),
-                                      static_cast<uint32_t>(dtype), 0,
+                                      static_cast<uint32_t>(dtype), rmsnorm_plan_code(plan),
                                       rmsnorm_signature_shape(tokens, hidden));
-  // The grid the one-shot all-reduce would take for the whole message (a block
-  // per kSegmentUnits units, up to the bound); few rows are cut into segments
-  // to fill it, many rows go a whole row per block in several row-waves.
-  const int64_t cap = std::min<int64_t>({view.max_blocks, view.geo.blocks, kMaxBlocks});
-  const int64_t target =
-      std::min<int64_t>(cap, (tokens * a.row_units + kSegmentUnits - 1) / kSegmentUnits);
-  int64_t segments = 1;
-  if (tokens < target) {
-    segments = std::min<int64_t>((a.row_units + kSegmentUnits - 1) / kSegmentUnits,
-                                 target / tokens);
-    segments = std::max<int64_t>(segments, 1);
-  }
-  a.seg_span = (a.row_units + segments - 1) / segments;
-  segments = (a.row_units + a.seg_span - 1) / a.seg_span;  // no segment left empty
-  const int64_t rows_at_once = std::max<int64_t>(1, std::min<int64_t>(tokens, cap / segments));
-  const int64_t blocks = segments * rows_at_once;
-  a.segments = static_cast<int>(segments);
-  a.waves = static_cast<int>((tokens + rows_at_once - 1) / rows_at_once);
-  a.chunk_units = std::min<int64_t>(a.seg_span, view.geo.region_bytes / 8);
-  const int64_t work = std::min<int64_t>(a.chunk_units, kBlockThreads);
-  const int64_t sig_warp = view.nranks > 1 && view.signatures ? 32 : 0;
-  const int threads = static_cast<int>(std::min<int64_t>(kBlockThreads, ((work + 31) / 32) * 32 + sig_warp));
-  const bool pdl = launches_early(view, blocks);
-  a.base.trigger = pdl ? 1 : 0;
-  return launch_collective(fn, blocks, threads, pdl, &a, stream);
+  a.seg_span = plan.seg_span;
+  a.segments = static_cast<int>(plan.segments);
+  a.waves = static_cast<int>(plan.waves);
+  a.chunk_units = plan.chunk_units;
+  a.clustered = plan.cluster > 1 ? 1 : 0;
+  a.base.trigger = plan.pdl ? 1 : 0;
+  return launch_collective(fn, plan.blocks, plan.threads, plan.pdl, &a, stream, plan.cluster);
 }
 
 }  // namespace jaxll

@@ -14,14 +14,16 @@ int fail(int status, const std::string& message, char* error, size_t error_len) 
   return status;
 }
 
+int no_workspace(int64_t workspace, char* error, size_t error_len) {
+  return fail(kExtensionNoWorkspace,
+              "jaxll: workspace " + std::to_string(workspace) +
+                  " does not exist (freed by jaxll.free_workspaces()?)",
+              error, error_len);
+}
+
 int get_rank_view(int64_t workspace, int ordinal, RankView* view, char* error, size_t error_len) {
   Workspace* c = workspace_lookup(workspace);
-  if (c == nullptr) {
-    return fail(kExtensionNoWorkspace,
-                "jaxll: workspace " + std::to_string(workspace) +
-                    " does not exist (freed by jaxll.free_workspaces()?)",
-                error, error_len);
-  }
+  if (c == nullptr) return no_workspace(workspace, error, error_len);
   Rank* r = c->rank_for_ordinal(ordinal);
   if (r == nullptr || !c->connected()) {
     return fail(kExtensionNotMember,
@@ -39,12 +41,7 @@ int get_rank_view(int64_t workspace, int ordinal, RankView* view, char* error, s
 int get_rank_view_of(int64_t workspace, int group, int rank, RankView* view, char* error,
                      size_t error_len) {
   Workspace* c = workspace_lookup(workspace);
-  if (c == nullptr) {
-    return fail(kExtensionNoWorkspace,
-                "jaxll: workspace " + std::to_string(workspace) +
-                    " does not exist (freed by jaxll.free_workspaces()?)",
-                error, error_len);
-  }
+  if (c == nullptr) return no_workspace(workspace, error, error_len);
   const std::string which = "rank " + std::to_string(rank) + " of group " + std::to_string(group) +
                             " of workspace " + std::to_string(workspace);
   if (group < 0 || group >= c->group_count() || rank < 0 || rank >= c->group_size()) {

@@ -262,7 +262,48 @@ ffi::Error RmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x
   return ffi::Error::Success();
 }
 
-// Launches one empty kernel; output aliases input. A jitted chain of these is the
+// All-gather (collective 2) or reduce-scatter (3) over the workspace's group,
+// pieces of `count` = the output's (gather: input's) element count over the
+// group size; x and y of one element type; `order` as for jaxll_all_reduce.
+ffi::Error GatherScatterExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
+                                ffi::AnyBuffer /*order*/, ffi::Result<ffi::AnyBuffer> y,
+                                ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t comm_id,
+                                int64_t collective, int64_t algorithm) {
+  Workspace* c = nullptr;
+  Rank* r = nullptr;
+  if (ffi::Error e = find_rank(comm_id, ordinal, &c, &r); e.failure()) return e;
+  const Collective kind = static_cast<Collective>(collective);
+  if (kind != Collective::kAllGather && kind != Collective::kReduceScatter) {
+    return ffi::Error::InvalidArgument("jaxll: unknown collective code " + std::to_string(collective));
+  }
+  const bool gather = kind == Collective::kAllGather;
+  DType dtype;
+  if (ffi::Error e = to_dtype(x.element_type(), &dtype); e.failure()) return e;
+  if (!has_gather_scatter_kernel(kind, static_cast<Algorithm>(algorithm), dtype)) {
+    return ffi::Error::InvalidArgument("jaxll: no gather/scatter kernel for algorithm " +
+                                       std::to_string(algorithm) + " and this element type");
+  }
+  const int64_t n = r->view.nranks;
+  const int64_t in = static_cast<int64_t>(x.element_count());
+  const int64_t out = static_cast<int64_t>(y->element_count());
+  const int64_t count = gather ? in : out;
+  if (y->element_type() != x.element_type() || (gather ? out != in * n : in != out * n)) {
+    return ffi::Error::InvalidArgument(std::string("jaxll: ") + (gather ? "all_gather" : "psum_scatter") +
+                                       " output must hold " + (gather ? "group size x" : "1 / group size of") +
+                                       " its input's elements, of its type");
+  }
+  if (count == 0) return ffi::Error::Success();
+  if (ffi::Error e = use_device(ordinal); e.failure()) return e;
+  cudaError_t e = launch_gather_scatter(kind, static_cast<Algorithm>(algorithm), dtype, r->view,
+                                        x.untyped_data(), y->untyped_data(), count, stream);
+  if (e != cudaSuccess) {
+    return launch_error(e, *c, std::string(gather ? "an all_gather" : "a psum_scatter") + " of pieces of " +
+                                   std::to_string(count) + " elements");
+  }
+  return ffi::Error::Success();
+}
+
+// Launches one empty kernel; output aliases input.// Launches one empty kernel; output aliases input. A jitted chain of these is the
 // per-call floor of any FFI custom call that launches a kernel.
 ffi::Error NoopExecute(cudaStream_t stream, ffi::AnyBuffer, ffi::Result<ffi::AnyBuffer>) {
   cudaError_t e = launch_empty(stream);
@@ -286,6 +327,7 @@ ffi::Error JoinExecute(ffi::AnyBuffer, ffi::RemainingArgs, ffi::Result<ffi::AnyB
 using jaxll::AllReduceExecute;
 using jaxll::CheckExecute;
 using jaxll::DeviceOrdinalExecute;
+using jaxll::GatherScatterExecute;
 using jaxll::JoinExecute;
 using jaxll::NoopExecute;
 using jaxll::RmsNormExecute;
@@ -353,4 +395,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_rmsnorm_handler, RmsNormExecute,
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("comm")
                                   .Attr<float>("eps"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_gather_scatter_handler, GatherScatterExecute,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("collective")
+                                  .Attr<int64_t>("algorithm"),
                               {ffi::Traits::kCmdBufferCompatible});

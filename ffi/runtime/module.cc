@@ -76,6 +76,7 @@ NB_MODULE(_jaxll, m) {
     d["jaxll_check"] = handler_capsule(&jaxll_check_handler);
     d["jaxll_all_reduce_rmsnorm"] = handler_capsule(&jaxll_all_reduce_rmsnorm_handler);
     d["jaxll_join"] = handler_capsule(&jaxll_join_handler);
+    d["jaxll_gather_scatter"] = handler_capsule(&jaxll_gather_scatter_handler);
     return d;
   }, "FFI handler capsules by target name.");
 
@@ -310,19 +311,47 @@ NB_MODULE(_jaxll, m) {
         "skip, delay_us, delay_kernels); returns each rank's count of poisoned output elements.");
 
   m.def("virtual_rmsnorm", [](int64_t id, int dtype, nb::bytes x, nb::bytes residual,
-                              nb::bytes weight, int64_t tokens, int64_t hidden, float eps) {
+                              nb::bytes weight, int64_t tokens, int64_t hidden, float eps,
+                              int absent, int late, int64_t delay_us) {
     Workspace& c = get_comm(id);
     std::string xs(x.c_str(), x.size()), rs(residual.c_str(), residual.size()),
         ws(weight.c_str(), weight.size());
-    std::pair<std::string, std::string> out;
+    RmsNormResult out;
     {
       nb::gil_scoped_release release;
-      out = virtual_rmsnorm(c, static_cast<DType>(dtype), xs, rs, ws, tokens, hidden, eps);
+      out = virtual_rmsnorm(c, static_cast<DType>(dtype), xs, rs, ws, tokens, hidden, eps, absent,
+                            late, delay_us);
     }
-    return nb::make_tuple(nb::bytes(out.first.data(), out.first.size()),
-                          nb::bytes(out.second.data(), out.second.size()));
+    return nb::make_tuple(nb::bytes(out.normed.data(), out.normed.size()),
+                          nb::bytes(out.new_residual.data(), out.new_residual.size()), out.error);
   }, "id"_a, "dtype"_a, "x"_a, "residual"_a, "weight"_a, "tokens"_a, "hidden"_a, "eps"_a,
-        "The fused all-reduce + residual + RMSNorm on every virtual rank (raw bytes in and out).");
+        "absent"_a = -1, "late"_a = -1, "delay_us"_a = 0,
+        "The fused all-reduce + residual + RMSNorm on every virtual rank (raw bytes in and out) "
+        "and the first recorded error; rank `absent` (>= 0) makes no call; rank `late` (>= 0) "
+        "queues its call after the others, behind a delay kernel of `delay_us`.");
+  m.def("virtual_gather_scatter", [](int64_t id, int collective, int algorithm, int dtype,
+                                     nb::bytes x, int64_t count) {
+    Workspace& c = get_comm(id);
+    std::string xs(x.c_str(), x.size());
+    GatherScatterResult out;
+    {
+      nb::gil_scoped_release release;
+      out = virtual_gather_scatter(c, static_cast<Collective>(collective),
+                                   static_cast<Algorithm>(algorithm), static_cast<DType>(dtype), xs,
+                                   count);
+    }
+    return nb::make_tuple(nb::bytes(out.y.data(), out.y.size()), out.error);
+  }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "x"_a, "count"_a,
+        "One all-gather (collective 2) or reduce-scatter (3) of pieces of `count` elements on "
+        "every virtual rank (raw bytes in and out) and the first recorded error.");
+  m.def("virtual_gather_scatter_bench", [](int64_t id, int collective, int algorithm, int dtype,
+                                           int64_t count, int iters, int reps) {
+    Workspace& c = get_comm(id);
+    nb::gil_scoped_release release;
+    return virtual_gather_scatter_bench(c, static_cast<Collective>(collective),
+                                        static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
+                                        count, iters, reps);
+  }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "count"_a, "iters"_a, "reps"_a);
   m.def("virtual_bench", [](int64_t id, int algorithm, int dtype, int op, int64_t count, int iters,
                             int reps) {
     Workspace& c = get_comm(id);

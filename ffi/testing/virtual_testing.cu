@@ -453,10 +453,10 @@ std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>&
   return std::vector<int64_t>(host.begin(), host.end());
 }
 
-std::pair<std::string, std::string> virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x,
-                                                    const std::string& residual,
-                                                    const std::string& weight, int64_t tokens,
-                                                    int64_t hidden, float eps) {
+RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x,
+                              const std::string& residual, const std::string& weight,
+                              int64_t tokens, int64_t hidden, float eps, int absent,
+                              int late, int64_t delay_us) {
   if (!comm.virtual_ranks()) throw std::runtime_error("virtual_rmsnorm needs a virtual-rank workspace");
   const int n = comm.group_size();
   const size_t row_bytes = static_cast<size_t>(hidden) * dtype_bytes(dtype);
@@ -482,18 +482,68 @@ std::pair<std::string, std::string> virtual_rmsnorm(Workspace& comm, DType dtype
   check_cuda(cudaMemset(dnormed, 0, block * n), "clearing outputs");
   check_cuda(cudaMemset(dnew, 0, block * n), "clearing outputs");
   check_cuda(cudaDeviceSynchronize(), "preparing the calls");
-  for (int r = 0; r < n; ++r) {
+  auto launch = [&](int r) {
     check_cuda(launch_all_reduce_rmsnorm(dtype, comm.rank(0, r).view, dx + r * block, dres, dw,
                                          dnormed + r * block, dnew + r * block, tokens, hidden,
                                          eps, comm.rank(0, r).stream),
                "launching an all_reduce_rmsnorm");
+  };
+  for (int r = 0; r < n; ++r) {
+    if (r != absent && r != late) launch(r);
+  }
+  if (late >= 0 && late < n && late != absent) {
+    // the late rank's delay kernel is queued once the others' calls spin on the
+    // GPU, as virtual_calls does: it must find room among their blocks
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    delay_kernel<<<1, 1, 0, comm.rank(0, late).stream>>>(static_cast<uint64_t>(delay_us) * 1000);
+    launch(late);
   }
   sync_ranks(comm);
-  const std::string error = first_error(comm);
-  if (!error.empty()) throw std::runtime_error(error);
-  std::pair<std::string, std::string> out{std::string(block * n, '\0'), std::string(block * n, '\0')};
-  check_cuda(cudaMemcpy(out.first.data(), dnormed, block * n, cudaMemcpyDeviceToHost), "reading normed");
-  check_cuda(cudaMemcpy(out.second.data(), dnew, block * n, cudaMemcpyDeviceToHost), "reading new_residual");
+  RmsNormResult out;
+  out.error = first_error(comm);
+  if (!out.error.empty() && absent < 0) throw std::runtime_error(out.error);
+  out.normed.assign(block * n, '\0');
+  out.new_residual.assign(block * n, '\0');
+  check_cuda(cudaMemcpy(out.normed.data(), dnormed, block * n, cudaMemcpyDeviceToHost), "reading normed");
+  check_cuda(cudaMemcpy(out.new_residual.data(), dnew, block * n, cudaMemcpyDeviceToHost),
+             "reading new_residual");
+  return out;
+}
+
+GatherScatterResult virtual_gather_scatter(Workspace& comm, Collective c, Algorithm algorithm,
+                                           DType dtype, const std::string& x, int64_t count) {
+  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_gather_scatter needs a virtual-rank workspace");
+  if (c != Collective::kAllGather && c != Collective::kReduceScatter) {
+    throw std::runtime_error("virtual_gather_scatter: the collective must be all_gather or psum_scatter");
+  }
+  if (!has_gather_scatter_kernel(c, algorithm, dtype)) {
+    throw std::runtime_error("virtual_gather_scatter: no kernel for this algorithm and dtype");
+  }
+  const int n = comm.group_size();
+  const size_t piece = static_cast<size_t>(count) * dtype_bytes(dtype);
+  const bool gather = c == Collective::kAllGather;
+  const size_t in_bytes = gather ? piece : piece * n;    // per rank
+  const size_t out_bytes = gather ? piece * n : piece;   // per rank
+  if (count <= 0 || x.size() != in_bytes * n) {
+    throw std::runtime_error("virtual_gather_scatter: x must hold every rank's input back to back");
+  }
+  DeviceGuard guard(comm.rank(0, 0).ordinal);
+  Buffers bufs;
+  char* dx = static_cast<char*>(bufs.alloc(in_bytes * n));
+  char* dy = static_cast<char*>(bufs.alloc(out_bytes * n));
+  check_cuda(cudaMemcpy(dx, x.data(), x.size(), cudaMemcpyHostToDevice), "copying x");
+  check_cuda(cudaMemset(dy, 0, out_bytes * n), "clearing outputs");
+  check_cuda(cudaDeviceSynchronize(), "preparing the calls");
+  for (int r = 0; r < n; ++r) {
+    check_cuda(launch_gather_scatter(c, algorithm, dtype, comm.rank(0, r).view, dx + r * in_bytes,
+                                     dy + r * out_bytes, count, comm.rank(0, r).stream),
+               "launching a gather/scatter");
+  }
+  sync_ranks(comm);
+  GatherScatterResult out;
+  out.error = first_error(comm);
+  out.y.assign(out_bytes * n, '\0');
+  check_cuda(cudaMemcpy(out.y.data(), dy, out_bytes * n, cudaMemcpyDeviceToHost), "reading outputs");
   return out;
 }
 
@@ -548,6 +598,31 @@ std::vector<double> virtual_bench(Workspace& comm, Algorithm algorithm, DType dt
   check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
   return time_graph(comm, iters, reps, [&](int r, cudaStream_t s) {
     return launch_all_reduce(algorithm, dtype, op, comm.rank(0, r).view, in[r], out[r], count, s);
+  });
+}
+
+std::vector<double> virtual_gather_scatter_bench(Workspace& comm, Collective c, Algorithm algorithm,
+                                                 DType dtype, int64_t count, int iters, int reps) {
+  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_gather_scatter_bench needs a virtual-rank workspace");
+  if (count <= 0 || iters <= 0 || reps <= 0) throw std::runtime_error("count, iters and reps must be positive");
+  if (!has_gather_scatter_kernel(c, algorithm, dtype)) {
+    throw std::runtime_error("virtual_gather_scatter_bench: no kernel for this collective, algorithm and dtype");
+  }
+  DeviceGuard guard(comm.rank(0, 0).ordinal);
+  const int n = comm.group_size();
+  const size_t piece = static_cast<size_t>(count) * dtype_bytes(dtype);
+  const size_t in_bytes = c == Collective::kAllGather ? piece : piece * n;
+  const size_t out_bytes = c == Collective::kAllGather ? piece * n : piece;
+  Buffers bufs;
+  std::vector<void*> in(n), out(n);
+  for (int r = 0; r < n; ++r) {
+    in[r] = bufs.alloc(in_bytes);
+    out[r] = bufs.alloc(out_bytes);
+    check_cuda(cudaMemset(in[r], 0x11, in_bytes), "filling inputs");
+  }
+  check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
+  return time_graph(comm, iters, reps, [&](int r, cudaStream_t s) {
+    return launch_gather_scatter(c, algorithm, dtype, comm.rank(0, r).view, in[r], out[r], count, s);
   });
 }
 

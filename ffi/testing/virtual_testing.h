@@ -69,11 +69,33 @@ std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>&
 // The fused all-reduce + residual + RMSNorm kernel on every virtual rank of
 // `comm`: x holds every rank's (tokens, hidden) block back to back (rank-major),
 // residual and weight are shared; returns (normed, new_residual) of every rank,
-// rank-major, as raw bytes. Throws with the recorded error if a rank gave up.
-std::pair<std::string, std::string> virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x,
-                                                    const std::string& residual,
-                                                    const std::string& weight, int64_t tokens,
-                                                    int64_t hidden, float eps);
+// rank-major, as raw bytes, and the first recorded error. Rank `absent` (if
+// >= 0) makes no call: the others give up, and their outputs and the error
+// come back; with every rank present a recorded error throws instead. Rank
+// `late` (if >= 0) queues its call 2 ms after the others, behind a one-thread
+// kernel of `delay_us`.
+struct RmsNormResult {
+  std::string normed, new_residual, error;
+};
+RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x,
+                              const std::string& residual, const std::string& weight,
+                              int64_t tokens, int64_t hidden, float eps, int absent = -1,
+                              int late = -1, int64_t delay_us = 0);
+
+// One all-gather or reduce-scatter (pieces of `count` elements) on every virtual
+// rank of `comm`: x holds every rank's input back to back (all-gather: one piece
+// each; reduce-scatter: nranks pieces each); returns every rank's output back to
+// back and the first recorded error ("" if none).
+struct GatherScatterResult {
+  std::string y, error;
+};
+GatherScatterResult virtual_gather_scatter(Workspace& comm, Collective c, Algorithm algorithm,
+                                           DType dtype, const std::string& x, int64_t count);
+
+// Per-call time (us) of the all-gather or reduce-scatter kernel on every
+// virtual rank, measured as virtual_bench measures the all-reduce's.
+std::vector<double> virtual_gather_scatter_bench(Workspace& comm, Collective c, Algorithm algorithm,
+                                                 DType dtype, int64_t count, int iters, int reps);
 
 // The kernels these tools launch. Workspace::Create loads them with the collective
 // kernels: lazily loading a kernel while a collective spins on the device can

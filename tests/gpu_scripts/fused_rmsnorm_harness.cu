@@ -205,20 +205,15 @@ static float load_dt(DType dt, const void* buf, size_t i) {
   __half h; memcpy(&h, (const char*)buf + 2 * i, 2); return __half2float(h);
 }
 
-// Host replica of the planning (to predict waves).
+// The library's plan of a call (plan_all_reduce_rmsnorm): its segments and
+// blocks, and how far the call moves the header's norm tag (its row-waves where
+// the partial sums go through the tagged slots, else 0).
 static int64_t plan_waves(const RankView& view, int64_t tokens, int64_t hidden, DType dt,
                           int64_t* segs_out, int64_t* blocks_out) {
-  const int64_t R = hidden * dtype_bytes(dt) / 8;
-  const int64_t cap = std::min<int64_t>({view.max_blocks, view.geo.blocks, kMaxBlocks});
-  const int64_t target = std::min<int64_t>(cap, (tokens * R + 127) / 128);
-  int64_t S = 1;
-  if (tokens < target) S = std::max<int64_t>(1, std::min<int64_t>((R + 127) / 128, target / tokens));
-  const int64_t span = (R + S - 1) / S;
-  S = (R + span - 1) / span;
-  const int64_t W = std::max<int64_t>(1, std::min<int64_t>(tokens, cap / S));
-  *segs_out = S;
-  *blocks_out = S * W;
-  return (tokens + W - 1) / W;
+  const RmsNormPlan p = plan_all_reduce_rmsnorm(dt, view, tokens, hidden);
+  *segs_out = p.segments;
+  *blocks_out = p.blocks;
+  return p.slots ? p.waves : 0;
 }
 
 struct Call {
@@ -499,7 +494,7 @@ int main(int argc, char** argv) {
               for (int i = std::max(0, first_bad - 1); i <= first_bad; ++i) {
                 int64_t S, B;
                 const int64_t waves = plan_waves(G.r[0].view, burst[i].tokens, burst[i].hidden, burst[i].dt, &S, &B);
-                printf("  call %d of %zu: %ld x %ld dt %d, segments %ld, blocks %ld, waves %ld%s\n", i,
+                printf("  call %d of %zu: %ld x %ld dt %d, segments %ld, blocks %ld, tag advance %ld%s\n", i,
                        burst.size(), (long)burst[i].tokens, (long)burst[i].hidden, (int)burst[i].dt, (long)S,
                        (long)B, (long)waves, i == first_bad ? " (first failing)" : "");
               }
@@ -561,8 +556,9 @@ int main(int argc, char** argv) {
           std::sort(v.begin(), v.end());
           return v.empty() ? 0.0 : v[v.size() / 2];
         };
-        printf("phases n=%d %ld x %ld bf16 (segments %ld, blocks %ld), us:", n, (long)c.tokens,
-               (long)c.hidden, (long)S, (long)B);
+        printf("phases n=%d %ld x %ld bf16 (segments %ld, blocks %ld, cluster %d), us:", n,
+               (long)c.tokens, (long)c.hidden, (long)S, (long)B,
+               plan_all_reduce_rmsnorm(c.dt, G.r[0].view, c.tokens, c.hidden).cluster);
         for (int p = 0; p < 5; ++p) printf(" %s %.2f;", names[p], med(iv[p]));
         printf(" kernel span %.2f\n", med(span));
         total_bad += check_errors(G, "phases") + check_call(G, c, "phases");

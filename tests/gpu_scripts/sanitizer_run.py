@@ -1,6 +1,7 @@
 """A small virtual-rank run for compute-sanitizer (memcheck, racecheck, synccheck,
 initcheck; tests/gpu_scripts/sanitizers.sh runs all four).
-The fused all-reduce + residual + RMSNorm kernel runs too (three shapes per N).
+The fused all-reduce + residual + RMSNorm kernel runs too (three shapes per N), and
+the all-gather and reduce-scatter kernels (both protocols, two sizes per N).
 
   compute-sanitizer --tool racecheck python3 tests/gpu_scripts/sanitizer_run.py [CALLS] [RANKS]
 
@@ -49,6 +50,22 @@ for n in ranks:
     except RuntimeError as e:
       print(n, "rmsnorm", dtype, hidden, e, flush=True)
       bad += 1
+  # all-gather (2) and reduce-scatter (3), both protocols, several rounds of
+  # pieces (4 KiB of scratch): each output checked against numpy here
+  for coll in (2, 3):
+    for alg in ("oneshot_ll", "oneshot_barrier"):
+      for count in (5, 3001):
+        xg = np.random.default_rng(count).integers(-100, 100, size=(n, n if coll == 3 else 1, count))
+        xg = xg.astype(np.int32)
+        y, err = ext.virtual_gather_scatter(comm, coll, algorithms.SPECS[alg].code,
+                                            algorithms.DTYPE_CODES["int32"], xg.tobytes(), count)
+        y = np.frombuffer(y, np.int32)
+        want = (np.tile(xg.reshape(-1), n) if coll == 2 else
+                np.concatenate([xg[:, r].sum(0) for r in range(n)]))
+        ok = not err and np.array_equal(y, want)
+        print(n, "gather" if coll == 2 else "scatter", alg, count, "ok" if ok else f"FAILED {err}",
+              flush=True)
+        bad += int(not ok)
   ext.free_workspace(comm)
   if n == 1:
     continue
@@ -66,6 +83,14 @@ for n in ranks:
   got = ext.virtual_calls(comm, spec)
   print(n, "skip", got, flush=True)
   bad += int(got != [0] + [5000] * (n - 1) or not ext.workspace_errors(comm))
+  ext.workspace_reset(comm)
+  # the fused kernel with a rank absent: the others give up (clustered blocks
+  # still take part in every row's exchange), then a reset
+  xb = np.full(n * 2 * 4096, 0x3C00, np.uint16)
+  *_, err = ext.virtual_rmsnorm(comm, algorithms.DTYPE_CODES["bfloat16"], xb.tobytes(),
+                                xb[:2 * 4096].tobytes(), xb[:4096].tobytes(), 2, 4096, 1e-6, 0)
+  print(n, "rmsnorm absent", err[:60] or "no error", flush=True)
+  bad += int(not err)
   ext.workspace_reset(comm)
   got = ext.virtual_calls(comm, [(ll, 0, 0, 5000, False, 0, 1)] * n)
   print(n, "after reset", got, flush=True)

@@ -18,6 +18,8 @@ for tool in memcheck racecheck synccheck initcheck; do
   if [ $rc -ne 0 ] || ! echo "$summary" | grep -q " 0 errors\| 0 hazards"; then
     status=1
     echo "$out" | grep -v "^=========     " | tail -40
+    # the first reports with their details (access sites, threads, blocks)
+    echo "$out" | grep "^=========" | head -80
   fi
 done
 exit $status

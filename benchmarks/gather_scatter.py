@@ -1,0 +1,66 @@
+"""All-gather and reduce-scatter kernels on virtual ranks (one GPU): kernel time
+minus the CUDA-graph floor per call, the LL16 kernel against the barrier
+baseline, side by side in one run (issue 16's target: LL at least 1.5x faster
+for pieces of up to 4 KiB per rank).
+
+For each (N, bytes per rank piece, collective) both algorithms are measured in
+--passes interleaved passes of --reps graph replays (--iters calls each); the
+median of all samples is kept, the graph of empty kernels measured the same way
+is the floor.
+
+  python benchmarks/gather_scatter.py --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import jax
+
+import jaxll
+import jaxll.testing as jt
+
+ALGORITHMS = ("oneshot_ll", "oneshot_barrier")
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
+  p.add_argument("--sizes", type=int, nargs="+", default=[8, 256, 4096])
+  p.add_argument("--collectives", nargs="+", default=["all_gather", "psum_scatter"])
+  p.add_argument("--iters", type=int, default=400)
+  p.add_argument("--reps", type=int, default=9)
+  p.add_argument("--passes", type=int, default=3)
+  p.add_argument("--json")
+  opts = p.parse_args()
+  dev = jax.devices("cuda")[0]
+  rows = []
+  print(f"# all_gather / psum_scatter kernels on {dev.device_kind}, jax {jax.__version__}; "
+        f"kernel minus graph floor, us (median of {opts.passes} x {opts.reps})")
+  print(f"{'N':>2} {'bytes':>6} {'collective':<13} {'oneshot_ll':>10} {'barrier':>8} {'barrier/ll':>10}")
+  for n in opts.ranks:
+    floor_samples = []
+    for nbytes in opts.sizes:
+      for coll in opts.collectives:
+        samples = {a: [] for a in ALGORITHMS}
+        for _ in range(opts.passes):
+          floor_samples += jt.graph_floor_us(n, iters=opts.iters, reps=opts.reps)
+          for a in ALGORITHMS:
+            samples[a] += jt.gather_scatter_time_us(n, nbytes, collective=coll, algorithm=a,
+                                                    iters=opts.iters, reps=opts.reps)
+        floor = statistics.median(floor_samples)
+        above = {a: statistics.median(samples[a]) - floor for a in ALGORITHMS}
+        ratio = above["oneshot_barrier"] / above["oneshot_ll"] if above["oneshot_ll"] > 0 else 0.0
+        rows.append({"ranks": n, "bytes": nbytes, "collective": coll, "floor_us": floor,
+                     **{f"{a}_us": above[a] for a in ALGORITHMS}, "barrier_over_ll": ratio})
+        print(f"{n:>2} {nbytes:>6} {coll:<13} {above['oneshot_ll']:>10.2f} "
+              f"{above['oneshot_barrier']:>8.2f} {ratio:>10.2f}", flush=True)
+  if opts.json:
+    with open(opts.json, "w") as f:
+      json.dump({"gpu": dev.device_kind, "jax": jax.__version__, "rows": rows}, f, indent=1)
+  jaxll.check_errors()  # a kernel that gave up makes the figures meaningless
+
+
+if __name__ == "__main__":
+  main()

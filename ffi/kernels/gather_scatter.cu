@@ -1,0 +1,245 @@
+// All-gather and reduce-scatter on the one-shot path, written with the device
+// API's channels (jaxll/channel.cuh) exactly as the one-shot all-reduce is:
+//
+//   all-gather      every rank pushes its piece (count elements) to every peer
+//                   and writes it into its own slot of the output; then it reads
+//                   each peer's piece from its scratch into that peer's slot.
+//                   Bits move unchanged (LL16 and plain stores never look at the
+//                   values), so one kernel per element size serves every dtype.
+//   reduce-scatter  every rank sends piece j of its input to rank j; then it
+//                   reduces the N contributions to its own piece in rank order
+//                   0..N-1 (the order jaxll.all_reduce uses).
+//
+// Protocols: LL16 (data and flag in one 16-byte store, barrier-free) and a
+// baseline of plain stores between two cross-rank flag barriers. The grid, the
+// rounds and the scratch parity are the one-shot all-reduce's for a message of
+// one piece (plan_all_reduce with count = piece elements): in every round each
+// rank sends to each peer, so parity reuse stays safe (all_reduce_common.cuh).
+#include "all_reduce_common.cuh"
+#include "all_reduce_kernels.h"
+
+namespace jaxll {
+namespace {
+
+// Poisons this block's units of every piece of `y` (n pieces of `count`).
+template <class T, int W>
+__device__ __forceinline__ void poison_pieces(T* y, int n, const BlockShare& share,
+                                              int64_t count, bool vec) {
+  for (int s = 0; s < n; ++s) poison_units<T, W>(y + s * count, share.u0, share.u1, count, vec);
+}
+
+// Round r of this block: its epoch, scratch parity and units [r0, r0 + len).
+struct RoundPlace {
+  uint64_t epoch;
+  int parity;
+  int64_t r0;
+  int len;
+};
+__device__ __forceinline__ RoundPlace round_place(const AllReduceArgs& a, const BlockShare& share,
+                                                  const BlockStart& bs, uint32_t r) {
+  RoundPlace p;
+  p.epoch = bs.epoch + r;
+  p.parity = static_cast<int>(p.epoch & 1);
+  p.r0 = share.u0 + static_cast<int64_t>(r) * a.round_units;
+  p.len = static_cast<int>(min(share.u1 - p.r0, a.round_units));
+  return p;
+}
+
+// What a round does before its sends: LL16's periodic refresh of the slots, or
+// the barrier protocol's first flag barrier (peers are done with the scratch).
+template <Proto P>
+__device__ __forceinline__ void round_start(const RankView& v, const RoundPlace& p, bool* ok) {
+  if constexpr (P == Proto::kLL) {
+    if (ll16_refresh_due(p.epoch)) ll_refresh(v, p.epoch, p.parity);
+  }
+  if constexpr (P == Proto::kBarrier) *ok = flag_barrier(v, barrier_value(p.epoch, 0), wait_context(v, p.epoch)) && *ok;
+}
+
+// The barrier protocol's second flag barrier (every peer's sends have landed).
+template <Proto P>
+__device__ __forceinline__ void round_sent(const RankView& v, const RoundPlace& p, bool* ok) {
+  if constexpr (P == Proto::kBarrier) *ok = flag_barrier(v, barrier_value(p.epoch, 1), wait_context(v, p.epoch)) && *ok;
+}
+
+template <Proto P, class T>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) gather_kernel(AllReduceArgs a) {
+  constexpr int W = unit_bytes<P>();
+  const RankView& v = a.view;
+  const int rank = v.rank;
+  const int n = v.nranks;
+  const T* x = static_cast<const T*>(a.in);
+  T* y = static_cast<T*>(a.out);
+  // (pieces of y start `count` elements apart: whole units only if that is a
+  // multiple of the unit)
+  const bool vx = reinterpret_cast<uintptr_t>(x) % W == 0;
+  const bool vy = reinterpret_cast<uintptr_t>(y) % W == 0 &&
+                  (a.count * static_cast<int64_t>(sizeof(T))) % W == 0;
+  const BlockShare share = block_share(a);
+  collective_prologue(a);
+  const BlockStart bs = block_begin(v, share.rounds);
+  if (bs.had_error) {
+    poison_pieces<T, W>(y, n, share, a.count, vy);
+    return;
+  }
+  const int sig_lane = !v.signatures || n == 1 ? 0 : signature_lane(n);
+  send_signature(a, sig_lane, n, bs);
+  bool ok = signature_ok(a, sig_lane, n, bs);
+  T* own_piece = y + rank * a.count;
+  for (uint32_t r = 0; r < share.rounds; ++r) {
+    const RoundPlace p = round_place(a, share, bs, r);
+    const int64_t r0 = p.r0;
+    const int len = p.len;
+    const Channel<P, T> ch(v, 0, static_cast<int>(blockIdx.x), p.parity, p.epoch);
+    round_start<P>(v, p, &ok);
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+      const Unit<W> u = load_unit<T, W>(x, r0 + i, a.count, vx);
+      send_to_peers<0>(ch, n, i, ch.prepare(u));
+      store_unit<T, W>(own_piece, r0 + i, a.count, vy, u);
+    }
+    round_sent<P>(v, p, &ok);
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+      for (int k = 1; k < n; ++k) {
+        const int src = peer_at(rank, k, n);
+        Unit<W> u;
+        if (ok) ok = channel_recv<P, T, W>(ch, src, i, &u);
+        store_unit<T, W>(y + src * a.count, r0 + i, a.count, vy, ok ? u : poison_unit<W>());
+      }
+    }
+    if (r + 1 < share.rounds && round_boundary(ok)) {
+      poison_pieces<T, W>(y, n, share, a.count, vy);  // earlier rounds too
+      return;
+    }
+  }
+  if (n != 1 && block_failed(ok)) poison_pieces<T, W>(y, n, share, a.count, vy);
+}
+
+template <Proto P, class T>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) scatter_kernel(AllReduceArgs a) {
+  constexpr int W = unit_bytes<P>();
+  const RankView& v = a.view;
+  const int rank = v.rank;
+  const int n = v.nranks;
+  const T* x = static_cast<const T*>(a.in);
+  T* y = static_cast<T*>(a.out);
+  const bool vx = reinterpret_cast<uintptr_t>(x) % W == 0 &&
+                  (a.count * static_cast<int64_t>(sizeof(T))) % W == 0;
+  const bool vy = reinterpret_cast<uintptr_t>(y) % W == 0;
+  const BlockShare share = block_share(a);
+  collective_prologue(a);
+  const BlockStart bs = block_begin(v, share.rounds);
+  if (bs.had_error) {
+    poison_units<T, W>(y, share.u0, share.u1, a.count, vy);
+    return;
+  }
+  const int sig_lane = !v.signatures || n == 1 ? 0 : signature_lane(n);
+  send_signature(a, sig_lane, n, bs);
+  bool ok = signature_ok(a, sig_lane, n, bs);
+  const T* own_piece = x + rank * a.count;
+  for (uint32_t r = 0; r < share.rounds; ++r) {
+    const RoundPlace p = round_place(a, share, bs, r);
+    const int64_t r0 = p.r0;
+    const int len = p.len;
+    const Channel<P, T> ch(v, 0, static_cast<int>(blockIdx.x), p.parity, p.epoch);
+    round_start<P>(v, p, &ok);
+    // piece j of this rank's input goes to rank j, next rank first
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+      for (int k = 1; k < n; ++k) {
+        const int dst = peer_at(rank, k, n);
+        ch.send(dst, i, ch.prepare(load_unit<T, W>(x + dst * a.count, r0 + i, a.count, vx)));
+      }
+    }
+    round_sent<P>(v, p, &ok);
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+      const Unit<W> own = ch.prepare(load_unit<T, W>(own_piece, r0 + i, a.count, vx));
+      Unit<W> res;
+      if (ok) ok = reduce_slot<0, P, T, SumOp, W>(ch, n, i, own, &res);
+      store_unit<T, W>(y, r0 + i, a.count, vy, ok ? res : poison_unit<W>());
+    }
+    if (r + 1 < share.rounds && round_boundary(ok)) {
+      poison_units<T, W>(y, share.u0, share.u1, a.count, vy);
+      return;
+    }
+  }
+  if (n != 1 && block_failed(ok)) poison_units<T, W>(y, share.u0, share.u1, a.count, vy);
+}
+
+bool proto_of(Algorithm algorithm, Proto* p) {
+  switch (algorithm) {
+    case Algorithm::kOneShotLL: *p = Proto::kLL; return true;
+    case Algorithm::kOneShotBarrier: *p = Proto::kBarrier; return true;
+    default: return false;
+  }
+}
+
+template <Proto P>
+const void* gather_fn(DType dtype) {
+  // bits: one kernel per element size
+  switch (dtype_bytes(dtype)) {
+    case 4: return reinterpret_cast<const void*>(&gather_kernel<P, int32_t>);
+    case 2: return reinterpret_cast<const void*>(&gather_kernel<P, __half>);
+    default: return nullptr;
+  }
+}
+
+template <Proto P>
+const void* scatter_fn(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return reinterpret_cast<const void*>(&scatter_kernel<P, float>);
+    case DType::kBF16: return reinterpret_cast<const void*>(&scatter_kernel<P, __nv_bfloat16>);
+    case DType::kF16: return reinterpret_cast<const void*>(&scatter_kernel<P, __half>);
+    case DType::kI32: return reinterpret_cast<const void*>(&scatter_kernel<P, int32_t>);
+  }
+  return nullptr;
+}
+
+const void* kernel_for(Collective c, Algorithm algorithm, DType dtype) {
+  Proto p;
+  if (!proto_of(algorithm, &p)) return nullptr;
+  if (c == Collective::kAllGather) {
+    return p == Proto::kLL ? gather_fn<Proto::kLL>(dtype) : gather_fn<Proto::kBarrier>(dtype);
+  }
+  if (c == Collective::kReduceScatter) {
+    return p == Proto::kLL ? scatter_fn<Proto::kLL>(dtype) : scatter_fn<Proto::kBarrier>(dtype);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+bool has_gather_scatter_kernel(Collective c, Algorithm algorithm, DType dtype) {
+  return kernel_for(c, algorithm, dtype) != nullptr;
+}
+
+cudaError_t launch_gather_scatter(Collective c, Algorithm algorithm, DType dtype,
+                                  const RankView& view, const void* in, void* out, int64_t count,
+                                  cudaStream_t stream) {
+  const void* fn = kernel_for(c, algorithm, dtype);
+  if (fn == nullptr) return cudaErrorInvalidValue;
+  const LaunchPlan plan = plan_all_reduce(algorithm, count, dtype_bytes(dtype), view.nranks,
+                                          view.geo, view.max_blocks, view.signatures != 0);
+  if (plan.blocks == 0) return cudaErrorInvalidValue;
+  const bool pdl = launches_early(view, plan.blocks);
+  AllReduceArgs args{view, in, out, count, plan.units, plan.span, plan.round_units,
+                     static_cast<uint32_t>(plan.rounds), static_cast<uint32_t>(plan.last_rounds),
+                     pdl ? 1 : 0,
+                     encode_signature(static_cast<uint32_t>(c), static_cast<uint32_t>(algorithm),
+                                      static_cast<uint32_t>(dtype), 0, count)};
+  return launch_collective(fn, plan.blocks, plan.threads, pdl, &args, stream);
+}
+
+std::vector<const void*> gather_scatter_kernel_functions() {
+  std::vector<const void*> out;
+  for (Collective c : {Collective::kAllGather, Collective::kReduceScatter}) {
+    for (Algorithm a : {Algorithm::kOneShotLL, Algorithm::kOneShotBarrier}) {
+      for (DType d : {DType::kF32, DType::kBF16}) {  // (one of each element size)
+        if (const void* fn = kernel_for(c, a, d)) out.push_back(fn);
+      }
+      if (c == Collective::kReduceScatter) {
+        for (DType d : {DType::kF16, DType::kI32}) out.push_back(kernel_for(c, a, d));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace jaxll

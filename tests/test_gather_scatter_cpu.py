@@ -1,0 +1,213 @@
+"""CPU tier: jaxll.all_gather and jaxll.psum_scatter against jax.lax.all_gather and
+jax.lax.psum_scatter on 8 virtual CPU devices: values (bitwise), shapes, dtypes,
+check_vma types, grad (each the other's transpose), vmap, multi-axis names,
+errors and path reporting. On CPU every call lowers to XLA's collective.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxll
+from jaxll import gather_scatter
+
+
+def _put(mesh, x, spec):
+  return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+def _random(shape, dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  if jnp.issubdtype(dtype, jnp.integer):
+    return rng.integers(-50, 50, size=shape).astype(dtype)
+  return rng.standard_normal(shape).astype(dtype)
+
+
+def _pair(mesh, ours, ref, x, in_spec, out_spec, check_vma=True):
+  run = lambda body: jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_spec,
+                                           out_specs=out_spec, check_vma=check_vma))
+  xs = _put(mesh, x, in_spec)
+  return run(ours)(xs), run(ref)(xs)
+
+
+def _same(a, b):
+  assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, a.dtype, b.shape, b.dtype)
+  np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32, jnp.int8])
+@pytest.mark.parametrize("axis,tiled", [(0, False), (1, False), (-1, False), (2, False),
+                                        (0, True), (1, True), (-1, True)])
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_all_gather_matches_lax(mesh1, dtype, axis, tiled, check_vma):
+  x = _random((8 * 3, 5), dtype, seed=1)
+  got, want = _pair(mesh1, lambda v: jaxll.all_gather(v, "tp", axis=axis, tiled=tiled),
+                    lambda v: jax.lax.all_gather(v, "tp", axis=axis, tiled=tiled),
+                    x, P("tp"), P("tp"), check_vma)
+  _same(got, want)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32])
+@pytest.mark.parametrize("dim,tiled,shape", [(0, False, (8 * 8, 3)), (1, False, (8 * 2, 8)),
+                                             (0, True, (8 * 16, 3)), (1, True, (8 * 2, 24)),
+                                             (-1, True, (8 * 2, 16))])
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_psum_scatter_matches_lax(mesh1, dtype, dim, tiled, shape, check_vma):
+  x = _random(shape, dtype, seed=2)
+  # (jax.lax.psum_scatter does not take a negative dimension: jaxll does)
+  got, want = _pair(
+      mesh1, lambda v: jaxll.psum_scatter(v, "tp", scatter_dimension=dim, tiled=tiled),
+      lambda v: jax.lax.psum_scatter(v, "tp", scatter_dimension=dim % 2, tiled=tiled),
+      x, P("tp"), P("tp"), check_vma)
+  _same(got, want)
+
+
+@pytest.mark.parametrize("axes", ["tp", "dp", ("dp", "tp"), ("tp", "dp")])
+def test_several_axis_names(mesh2, axes):
+  x = _random((8 * 8, 3), np.float32, seed=3)
+  spec = P(("dp", "tp"))
+  got, want = _pair(mesh2, lambda v: jaxll.all_gather(v, axes, tiled=True),
+                    lambda v: jax.lax.all_gather(v, axes, tiled=True), x, spec, spec)
+  _same(got, want)
+  got, want = _pair(mesh2, lambda v: jaxll.psum_scatter(v, axes, tiled=True),
+                    lambda v: jax.lax.psum_scatter(v, axes, tiled=True), x, spec, spec)
+  _same(got, want)
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_types_match_lax(mesh2, check_vma):
+  types = {}
+
+  def body(v):
+    c = jnp.ones((8, 3), jnp.float32)  # invariant: the collective inserts pvary, as lax's does
+    for name, w in (("varying", v), ("invariant", c)):
+      types["ag", name] = (jax.typeof(jaxll.all_gather(w, "tp")),
+                           jax.typeof(jax.lax.all_gather(w, "tp")))
+      types["ps", name] = (jax.typeof(jaxll.psum_scatter(w, "tp", tiled=True)),
+                           jax.typeof(jax.lax.psum_scatter(w, "tp", tiled=True)))
+    return v
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh2, in_specs=P(("dp", "tp")),
+                            out_specs=P(("dp", "tp")), check_vma=check_vma))
+  f(_put(mesh2, np.ones((8 * 8, 3), np.float32), P(("dp", "tp"))))
+  for key, (ours, ref) in types.items():
+    assert ours == ref, (key, ours, ref)
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+@pytest.mark.parametrize("tiled", [False, True])
+def test_grad_matches_lax(mesh1, check_vma, tiled):
+  # each is the other's transpose: a loss through both collectives
+  x = _random((8 * 8, 3), np.float32, seed=4)
+
+  def loss(gather, scatter):
+    def per_device(v):
+      g = gather(v, "tp", axis=0, tiled=tiled)
+      s = scatter(jnp.sin(g) if tiled else jnp.sin(g).reshape(8, -1, 3), "tp",
+                  scatter_dimension=0, tiled=tiled)
+      return jnp.sum(s * s, keepdims=True)[None] if s.ndim == 2 else jnp.sum(s * s)[None, None]
+    sm = jax.shard_map(per_device, mesh=mesh1, in_specs=P("tp"), out_specs=P("tp"),
+                       check_vma=check_vma)
+    return lambda v: jnp.sum(sm(v))
+
+  xs = _put(mesh1, x, P("tp"))
+  with jax.set_mesh(mesh1):
+    ours = jax.jit(jax.grad(loss(jaxll.all_gather, jaxll.psum_scatter)))(xs)
+    ref = jax.jit(jax.grad(loss(jax.lax.all_gather, jax.lax.psum_scatter)))(xs)
+  np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), rtol=1e-5, atol=1e-6)
+
+
+def test_backward_pass_goes_through_jaxll(mesh1):
+  # the transposes are jaxll's primitives (so kernels will serve the backward pass)
+  def per_device(v):
+    return jaxll.psum_scatter(jaxll.all_gather(v, "tp", tiled=True) ** 2, "tp", tiled=True)
+
+  sm = jax.shard_map(per_device, mesh=mesh1, in_specs=P("tp"), out_specs=P("tp"))
+  with jax.set_mesh(mesh1):
+    jaxpr = str(jax.make_jaxpr(jax.grad(lambda v: jnp.sum(sm(v))))(
+        _put(mesh1, np.ones((8, 3), np.float32), P("tp"))))
+  assert jaxpr.count("jaxll_all_gather") >= 2 and jaxpr.count("jaxll_psum_scatter") >= 2, jaxpr
+  assert "all_gather[" not in jaxpr.replace("jaxll_all_gather[", "")
+
+
+def test_vmap_inside_shard_map(mesh1):
+  # per device (2, 8, 8); the batch dimension at 0 or 1, before or after the collective's
+  x = _random((8 * 2, 8, 8), np.float32, seed=5)
+  for in_axes in (0, 1):
+    for axis, tiled in ((0, False), (1, False), (0, True), (1, True)):
+      got, want = _pair(
+          mesh1, lambda v: jax.vmap(lambda r: jaxll.all_gather(r, "tp", axis=axis, tiled=tiled),
+                                    in_axes=in_axes)(v),
+          lambda v: jax.vmap(lambda r: jax.lax.all_gather(r, "tp", axis=axis, tiled=tiled),
+                             in_axes=in_axes)(v), x, P("tp"), P("tp"))
+      _same(got, want)
+    for dim, tiled in ((1, False), (1, True)) + (((0, True),) if in_axes == 0 else ()):
+      got, want = _pair(
+          mesh1, lambda v: jax.vmap(lambda r: jaxll.psum_scatter(
+              r, "tp", scatter_dimension=dim, tiled=tiled), in_axes=in_axes)(v),
+          lambda v: jax.vmap(lambda r: jax.lax.psum_scatter(
+              r, "tp", scatter_dimension=dim, tiled=tiled), in_axes=in_axes)(v),
+          x, P("tp"), P("tp"))
+      _same(got, want)
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+def test_vmap_axis_is_the_collective_axis(tiled):
+  # outside shard_map, a collective over the vmapped axis name, as jax.lax defines it
+  x = _random((8, 8, 3), np.float32, seed=6)
+  for fn, ref in ((lambda r: jaxll.all_gather(r, "b", tiled=tiled),
+                   lambda r: jax.lax.all_gather(r, "b", tiled=tiled)),
+                  (lambda r: jaxll.psum_scatter(r, "b", tiled=tiled),
+                   lambda r: jax.lax.psum_scatter(r, "b", tiled=tiled))):
+    got = jax.vmap(fn, axis_name="b")(x)
+    want = jax.vmap(ref, axis_name="b")(x)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
+def test_pytrees_and_empty_axes(mesh1):
+  x = _random((8 * 2, 3), np.float32, seed=7)
+  got, want = _pair(mesh1, lambda v: jaxll.all_gather({"a": v, "b": (v * 2,)}, "tp")["b"][0],
+                    lambda v: jax.lax.all_gather(v * 2, "tp"), x, P("tp"), P("tp"))
+  _same(got, want)
+  got, _ = _pair(mesh1, lambda v: jaxll.psum_scatter(v, ()), lambda v: v, x, P("tp"), P("tp"))
+  np.testing.assert_array_equal(np.asarray(got), x)
+
+
+def test_errors(mesh1):
+  f = lambda body: jax.jit(jax.shard_map(body, mesh=mesh1, in_specs=P("tp"),
+                                         out_specs=P("tp")))
+  xs = _put(mesh1, np.ones((8 * 3, 5), np.float32), P("tp"))
+  with pytest.raises(TypeError, match="named mesh axes"):
+    f(lambda v: jaxll.all_gather(v, 0))(xs)
+  with pytest.raises(NameError, match="unknown axis name 'nope'"):
+    f(lambda v: jaxll.psum_scatter(v, "nope"))(xs)
+  with pytest.raises(ValueError, match="out of range"):
+    f(lambda v: jaxll.all_gather(v, "tp", axis=3))(xs)
+  with pytest.raises(ValueError, match="must be divisible|must match"):
+    f(lambda v: jaxll.psum_scatter(v, "tp", scatter_dimension=1, tiled=True))(xs)
+  with pytest.raises(ValueError, match="algorithm must be one of"):
+    f(lambda v: jaxll.all_gather(v, "tp", algorithm="twoshot_ll"))(xs)
+  # a kernel asked for where none can serve (here: CPU) is an error, as for all_reduce
+  with pytest.raises(jaxll.AlgorithmUnavailableError, match="run on CUDA GPUs"):
+    f(lambda v: jaxll.all_gather(v, "tp", algorithm="oneshot_ll"))(xs)
+  with pytest.raises(jaxll.AlgorithmUnavailableError, match="run on CUDA GPUs"):
+    f(lambda v: jaxll.psum_scatter(v, "tp", tiled=True, algorithm="oneshot_barrier"))(
+        _put(mesh1, np.ones((8 * 8, 5), np.float32), P("tp")))
+
+
+def test_explain_reports_the_xla_path(mesh1):
+  x = _put(mesh1, np.ones((8 * 8, 2), np.float32), P("tp"))
+
+  def step(v):
+    return jax.shard_map(lambda a: jaxll.psum_scatter(jaxll.all_gather(a, "tp", tiled=True),
+                                                      "tp", tiled=True),
+                         mesh=mesh1, in_specs=P("tp"), out_specs=P("tp"))(v)
+
+  sites = {s.op: s for s in jaxll.explain(step, x)}
+  assert set(sites) == {"all_gather", "psum_scatter"}, sites
+  for op, s in sites.items():
+    assert s.algorithm == "xla" and s.group_size == 8 and s.axes == "tp", s
+    assert s.reason == gather_scatter.AUTO_REASON.format(op.replace("_", "-")), s

@@ -1,0 +1,116 @@
+"""GPU tier, one GPU, virtual ranks: the all-gather and reduce-scatter kernels
+(ffi/kernels/gather_scatter.cu) on N = 1, 2, 3, 4, 8 ranks, LL16 and barrier
+protocols, every dtype with a kernel, odd sizes and sizes of several rounds.
+
+- all-gather moves bits: every rank's output is exactly the ranks' pieces in
+  rank order (NaN payloads, signed zeros and all).
+- reduce-scatter adds in rank order, as the one-shot all-reduce does: rank r's
+  piece is bitwise the piece r of jaxll's one-shot all-reduce of the same
+  inputs, and within the float64 sum's rounding.
+Marked ``gpu``."""
+
+import numpy as np
+import pytest
+
+import jax.numpy as jnp
+import jaxll
+import jaxll.testing as jt
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [np.float32, jnp.bfloat16, np.float16, np.int32]
+ALGORITHMS = ["oneshot_ll", "oneshot_barrier"]
+COUNTS = [1, 3, 17, 1000, 4097, 65_539, 300_001]
+
+
+def _bits(a):
+  a = np.asarray(a)
+  return a.view({2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+
+
+def _random(shape, dtype, seed):
+  rng = np.random.default_rng(seed)
+  if np.dtype(dtype) == np.int32:
+    return rng.integers(-1000, 1000, size=shape).astype(np.int32)
+  return (rng.standard_normal(shape) * 3).astype(dtype)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_all_gather_moves_every_bit(n, dtype, algorithm):
+  for i, count in enumerate(COUNTS):
+    x = _random((n, count), dtype, seed=100 * n + i)
+    if np.dtype(dtype).kind == "f":  # bit patterns arithmetic would not keep
+      bits = _bits(x)
+      bits[:, 0] = np.iinfo(bits.dtype).max  # all-ones: a NaN with a payload
+      if count > 1:
+        bits[:, 1] = bits.dtype.type(1 << (8 * bits.dtype.itemsize - 1))  # -0.0
+    got = jt.virtual_all_gather(x, algorithm=algorithm)
+    assert got.shape == (n, n, count) and got.dtype == x.dtype
+    for r in range(n):
+      np.testing.assert_array_equal(_bits(got[r]), _bits(x), err_msg=f"rank {r}, count {count}")
+  jaxll.check_errors()
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_psum_scatter_is_the_all_reduce_piece(n, dtype, algorithm):
+  for i, count in enumerate(COUNTS[:6]):
+    x = _random((n, n, count), dtype, seed=200 * n + i)
+    got = jt.virtual_psum_scatter(x, algorithm=algorithm)
+    assert got.shape == (n, count) and got.dtype == x.dtype
+    # the one-shot all-reduce of the same inputs, cut into pieces
+    whole = jt.virtual_all_reduce(x.reshape(n, n * count), algorithm=algorithm)[0]
+    for r in range(n):
+      np.testing.assert_array_equal(_bits(got[r]), _bits(whole[r * count:(r + 1) * count]),
+                                    err_msg=f"rank {r}, count {count}")
+    want = x.astype(np.float64).sum(0)
+    tol = {"float32": 2e-6, "bfloat16": 1.6e-2, "float16": 2e-3, "int32": 0}[np.dtype(dtype).name]
+    scale = np.abs(x.astype(np.float64)).sum(0)
+    for r in range(n):
+      assert (np.abs(got[r].astype(np.float64) - want[r]) <= tol * scale[r]).all()
+  jaxll.check_errors()
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_through_shard_map_on_one_gpu(algorithm):
+  # the FFI path (jaxll_gather_scatter custom calls, ordered with the all-reduce
+  # chain) on a one-GPU mesh, forward and backward, against jax.lax
+  import jax
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+  mesh = jax.make_mesh((1,), ("tp",), devices=jax.devices("cuda")[:1])
+  x = jax.device_put(_random((6, 5), np.float32, seed=7), NamedSharding(mesh, P("tp")))
+
+  def body(gather, scatter):
+    def f(v):
+      g = gather(v, "tp", tiled=True, **kw(gather))
+      s = scatter(g * g, "tp", tiled=True, **kw(scatter))
+      return s + gather(v, "tp", **kw(gather))[0]
+    return f
+
+  kw = lambda fn: {"algorithm": algorithm} if fn in (jaxll.all_gather, jaxll.psum_scatter) else {}
+  run = lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("tp"), out_specs=P("tp")))
+  ours = run(body(jaxll.all_gather, jaxll.psum_scatter))
+  ref = run(body(jax.lax.all_gather, jax.lax.psum_scatter))
+  sites = jaxll.explain(ours, x)
+  assert sorted(s.op for s in sites) == ["all_gather", "all_gather", "psum_scatter"], sites
+  assert all(s.algorithm == algorithm and s.workspace > 0 for s in sites), sites
+  np.testing.assert_array_equal(np.asarray(ours(x)), np.asarray(ref(x)))
+  with jax.set_mesh(mesh):
+    g_ours = jax.jit(jax.grad(lambda v: ours(v).sum()))(x)
+    g_ref = jax.jit(jax.grad(lambda v: ref(v).sum()))(x)
+  np.testing.assert_allclose(np.asarray(g_ours), np.asarray(g_ref), rtol=1e-6)
+  jaxll.check_errors()
+
+
+def test_kernel_timing_tool_runs():
+  # the timing behind benchmarks/gather_scatter.py: positive times, no error
+  for coll in ("all_gather", "psum_scatter"):
+    for algorithm in ALGORITHMS:
+      t = jt.gather_scatter_time_us(2, 4096, collective=coll, algorithm=algorithm, iters=20,
+                                    reps=3)
+      assert len(t) == 3 and all(v > 0 for v in t), (coll, algorithm, t)
+  jaxll.check_errors()
