@@ -105,6 +105,10 @@ def worker(opts) -> None:
                                     for k, (c, t) in times.items()}
         else:
           traced()
+    # (what algorithm="auto" takes for this shape; not timed: it is one of the two)
+    auto = jax.shard_map(lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp"), mesh=mesh,
+                         in_specs=(P("tp"), P(), P()), out_specs=(P("tp"), P()), check_vma=False)
+    row["auto_paths"] = sorted({s.algorithm for s in jaxll.explain(jax.jit(auto), x, r0, w)})
     row["speedup"] = row["composed_us"] / row["fused_us"]
     rows.append(row)
   jaxll.check_errors()
@@ -152,7 +156,8 @@ def main() -> None:
   for r in rows:
     print(f"{r['tokens']:3d} x {r['hidden']:5d} bf16, {r['ranks']} ranks: composed "
           f"{r['composed_us']:7.2f} us ({','.join(r['composed_paths'])}), fused "
-          f"{r['fused_us']:7.2f} us ({','.join(r['fused_paths'])}), {r['speedup']:.2f}x")
+          f"{r['fused_us']:7.2f} us ({','.join(r['fused_paths'])}), {r['speedup']:.2f}x; "
+          f"auto: {','.join(r['auto_paths'])}")
     for name in ("composed", "fused"):
       for kernel, (launches, us) in sorted(r.get(f"{name}_kernels", {}).items(), key=lambda kv: -kv[1][1]):
         print(f"    {name:8s} {us:7.2f} us/step in {launches:4.1f} launches/step of {kernel}")

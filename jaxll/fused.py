@@ -2,16 +2,17 @@
 followed by the residual add and the RMSNorm of the next layer's input, the
 pattern of every tensor-parallel decoder block.
 
-By default (``algorithm="auto"`` or a jaxll.all_reduce algorithm) it is the
-composition of :func:`jaxll.all_reduce` (its kernels, its auto choice, its XLA
-fallback) and the norm math, which XLA fuses into one kernel of its own: two
-kernels per call where a GPU serves the all-reduce. ``algorithm="fused"``
-asks for the single kernel that does all three on the one-shot LL16 path
-(``ffi/kernels/all_reduce_rmsnorm.cu``); where it cannot serve the call (CPU,
-no workspace, hidden size whose bytes are not a multiple of 8, ...) the
-composition serves it. ``auto`` never picks the fused kernel: it beats the
-composition only for decode steps of a few tokens (``benchmarks/README.md``,
-"Fused all-reduce + RMSNorm").
+``algorithm="fused"`` asks for the single kernel that does all three on the
+one-shot LL16 path (``ffi/kernels/all_reduce_rmsnorm.cu``); ``algorithm="auto"``
+(the default) takes it where it was measured faster: at most
+``FUSED_AUTO_MAX_BYTES`` (128 KiB) of ``x`` per rank, a decode step's few tokens
+(1-8 tokens at hidden 8192 in bfloat16; ``benchmarks/README.md``, "Fused
+all-reduce + RMSNorm"). Otherwise, or with a jaxll.all_reduce algorithm
+named, it is the composition of :func:`jaxll.all_reduce` (its kernels, its
+auto choice, its XLA fallback) and the norm math, which XLA fuses into one
+kernel of its own. Wherever the fused kernel cannot serve a call (CPU, no
+workspace, a hidden size whose bytes are not a multiple of 8, ...) the
+composition serves it.
 """
 
 from __future__ import annotations
@@ -20,12 +21,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src import core
-from jax._src.interpreters import mlir
+from jax._src.interpreters import batching, mlir
 
 from jaxll import call_sites, lowering
 from jaxll.all_reduce import _check_axes_bound, _normalize_axes, all_reduce
 
 FUSED = "fused"
+# algorithm="auto" takes the fused kernel up to this many bytes of x per rank.
+# Measured on one H200 with 2 and 8 processes sharing it (bfloat16, hidden 4096
+# and 8192): 1.17-1.65x faster than the composition from 8 KiB to 128 KiB,
+# 0.95-1.14x at 256 KiB, at most 1.0x from 512 KiB (one exception, 1.24x).
+# Not measured across GPUs.
+FUSED_AUTO_MAX_BYTES = 128 * 1024
 
 _FLOATS = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
 
@@ -52,11 +59,12 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
     weight: the norm's scale, shape ``(hidden,)``.
     axis_name: mesh axis name (or tuple of names) to reduce over.
     eps: added to the mean square before the reciprocal square root.
-    algorithm: the all-reduce's algorithm, as in :func:`jaxll.all_reduce`, or
-      ``"fused"``: one kernel for all three steps where a jaxll workspace
-      serves the axes (float32/bfloat16/float16, the hidden size's bytes a
-      multiple of 8), else the composition. Opt-in: it wins for a few tokens
-      per step (see ``benchmarks/README.md``).
+    algorithm: ``"auto"``: the fused kernel for at most
+      ``FUSED_AUTO_MAX_BYTES`` of ``x`` per rank, else the composition with
+      jaxll.all_reduce's auto choice; ``"fused"``: one kernel for all three
+      steps where a jaxll workspace serves the axes (float32/bfloat16/float16,
+      the hidden size's bytes a multiple of 8), else the composition; any
+      other jaxll.all_reduce algorithm: the composition with that all-reduce.
 
   Differentiable in ``x``, ``residual`` and ``weight`` (the all-reduce's
   transpose is psum's). ``jaxll.explain`` lists its all-reduce as a call site
@@ -78,13 +86,17 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
                      f"{x.shape[-1:]} (the hidden size), got {weight.shape}")
   if not eps >= 0:
     raise ValueError(f"jaxll.all_reduce_rmsnorm: eps must be >= 0, got {eps}")
-  if algorithm != FUSED:
+  nbytes = int(np.prod(x.shape)) * x.dtype.itemsize
+  if algorithm == "auto" and nbytes > FUSED_AUTO_MAX_BYTES:
+    return _composed(x, residual, weight, axis_name, eps=eps, algorithm="auto")
+  if algorithm not in (FUSED, "auto"):
     return _composed(x, residual, weight, axis_name, eps=eps, algorithm=algorithm)
   axes = _normalize_axes(axis_name)
   if not axes:
     return _composed(x, residual, weight, axis_name, eps=eps, algorithm="auto")
   _check_axes_bound(axes)
-  return _fused(x, residual, weight.astype(x.dtype), axes, float(eps))
+  return _fused(x, residual, weight.astype(x.dtype), axes, float(eps), algorithm,
+                lowering.user_site())
 
 
 def _composed(x, residual, weight, axis_name, *, eps, algorithm):
@@ -105,16 +117,16 @@ all_reduce_rmsnorm_p = core.Primitive("jaxll_all_reduce_rmsnorm")
 all_reduce_rmsnorm_p.multiple_results = True
 
 
-def _fused(x, residual, weight, axes, eps):
+def _fused(x, residual, weight, axes, eps, requested, site):
   fn = jax.custom_jvp(lambda x, r, w: tuple(
-      all_reduce_rmsnorm_p.bind(x, r, w, axes=axes, eps=eps)))
+      all_reduce_rmsnorm_p.bind(x, r, w, axes=axes, eps=eps, requested=requested, site=site)))
   fn.defjvp(lambda p, t: (fn(*p), jax.jvp(
       lambda x, r, w: _composed(x, r, w, axes, eps=eps, algorithm="auto"), p, t)[1]))
   return fn(x, residual, weight)
 
 
-def _abstract_eval(x, residual, weight, *, axes, eps):
-  del eps
+def _abstract_eval(x, residual, weight, *, axes, eps, requested, site):
+  del eps, requested, site
   vma = getattr(x, "vma", None)
   if vma is None:
     out = core.ShapedArray(x.shape, x.dtype)
@@ -127,13 +139,41 @@ def _abstract_eval(x, residual, weight, *, axes, eps):
 all_reduce_rmsnorm_p.def_abstract_eval(_abstract_eval)
 
 
-def _composed_lowering(ctx, x, residual, weight, *, axes, eps):
-  return mlir.lower_fun(
-      lambda a, r, w: list(_composed(a, r, w, axes, eps=eps, algorithm="auto")),
-      multiple_results=True)(ctx, x, residual, weight)
+def _batch(axis_data, vals_in, dims_in, *, axes, eps, requested, site):
+  """vmap: a batch dimension of x and residual is more rows for the same kernel
+  (moved to the front, an unbatched operand broadcast); a batched weight, a
+  reduction over the vmapped axis itself, or (for auto) rows beyond
+  FUSED_AUTO_MAX_BYTES take the composition under vmap."""
+  x, residual, weight = vals_in
+  dx, dr, dw = dims_in
+  rows_bytes = int(np.prod(x.shape)) * x.dtype.itemsize * (axis_data.size if dx is None else 1)
+  too_big = requested == "auto" and rows_bytes > FUSED_AUTO_MAX_BYTES
+  if dw is not None or axis_data.name in axes or too_big:
+    outs = jax.vmap(lambda a, r, w: _composed(a, r, w, axes, eps=eps, algorithm="auto"),
+                    in_axes=(dx, dr, dw), axis_name=axis_data.name,
+                    axis_size=axis_data.size)(x, residual, weight)
+    return list(outs), [0, 0]
+  def front(v, d):
+    if d is None:
+      return jnp.broadcast_to(v, (axis_data.size,) + v.shape)
+    return jnp.moveaxis(v, d, 0)
+  x, residual = front(x, dx), front(residual, dr)
+  return all_reduce_rmsnorm_p.bind(x, residual, weight, axes=axes, eps=eps,
+                                   requested=requested, site=site), [0, 0]
 
 
-def _fused_lowering(ctx, x, residual, weight, *, axes, eps):
+batching.fancy_primitive_batchers[all_reduce_rmsnorm_p] = _batch
+
+
+def _composed_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
+  del requested
+  with lowering.call_site(site):  # (the all-reduce's site: the caller's line)
+    return mlir.lower_fun(
+        lambda a, r, w: list(_composed(a, r, w, axes, eps=eps, algorithm="auto")),
+        multiple_results=True)(ctx, x, residual, weight)
+
+
+def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
   aval = ctx.avals_in[0]
   ws, group_size, reason = lowering.workspace_for(ctx, axes)
   hidden = aval.shape[-1] if aval.shape else 0
@@ -145,18 +185,22 @@ def _fused_lowering(ctx, x, residual, weight, *, axes, eps):
     results = lowering.emit_ordered_call(ctx, "jaxll_all_reduce_rmsnorm",
                                          [x, residual, weight], workspace=ws,
                                          eps=np.float32(eps))
-    algorithm, reason = "fused_oneshot_ll", "algorithm='fused' requested"
+    algorithm, reason = "fused_oneshot_ll", (
+        "algorithm='fused' requested" if requested == FUSED else
+        f"auto: {int(aval.size) * np.dtype(aval.dtype).itemsize} B per rank, at most "
+        f"FUSED_AUTO_MAX_BYTES = {FUSED_AUTO_MAX_BYTES} (measured faster than the composition)")
   else:
-    results = _composed_lowering(ctx, x, residual, weight, axes=axes, eps=eps)
+    results = _composed_lowering(ctx, x, residual, weight, axes=axes, eps=eps,
+                                 requested=requested, site=site)
     algorithm = "xla+composed"
-  site = call_sites.CallSite(
-      site=lowering._site(ctx), axes=",".join(map(str, axes)), group_size=group_size,
+  record = call_sites.CallSite(
+      site=site, axes=",".join(map(str, axes)), group_size=group_size,
       shape=str(tuple(aval.shape)), dtype=str(np.dtype(aval.dtype)),
       nbytes=int(aval.size) * np.dtype(aval.dtype).itemsize, op="sum+rmsnorm",
-      requested=FUSED, algorithm=algorithm, reason=reason, workspace=ws)
+      requested=requested, algorithm=algorithm, reason=reason, workspace=ws)
   if ws:
-    lowering._tag(results, site)
-  call_sites.record(site)
+    lowering._tag(results, record)
+  call_sites.record(record)
   return results
 
 

@@ -8,9 +8,11 @@ The workspace a kernel needs is built here, before the program ever runs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
+import sys
 
 import jax
 import numpy as np
@@ -56,22 +58,61 @@ def _platforms(ctx) -> tuple[str, ...]:
   return tuple(platforms)
 
 
+# Call sites named by a wrapper whose own primitive lowers jaxll calls (a stack;
+# see call_site()): JAX does not keep the caller's frames in every traceback
+# (not in a custom_jvp's body, for one), so such a wrapper records the site
+# when it is called and hands it to the lowerings under it.
+_named_sites: list[str] = []
+
+
 def _site(ctx) -> str:
+  if _named_sites:
+    return _named_sites[-1]
   tb = getattr(ctx, "traceback", None)
   frames = list(getattr(tb, "frames", None) or ())
+  return _site_of((fr.file_name, fr.line_num, fr.function_name) for fr in frames)
+
+
+def user_site() -> str:
+  """The call site of the Python code running now, as the lowerings name one
+  (for a wrapper to pass on to call_site() at lowering time)."""
+  def frames():
+    f = sys._getframe(1)
+    while f is not None:  # innermost first
+      code = f.f_code
+      yield code.co_filename, f.f_lineno, getattr(code, "co_qualname", code.co_name)
+      f = f.f_back
+  return _site_of(frames())
+
+
+@contextlib.contextmanager
+def call_site(site: str | None):
+  """Lowerings inside name `site` as their call site (None: their own)."""
+  if site is None:
+    yield
+    return
+  _named_sites.append(site)
+  try:
+    yield
+  finally:
+    _named_sites.pop()
+
+
+def _site_of(frames) -> str:
+  """frames: (file, line, function), innermost first."""
   here = os.path.dirname(os.path.abspath(__file__))
   jax_dir = os.path.dirname(os.path.abspath(jax.__file__))
   # The innermost user frame, followed by the user frames that called it
   # directly (a helper and its callers, up to 3), so that call sites that go
   # through one helper are told apart: "layers.py:8 (reduce) <- model.py:40 (mlp)".
   chain = []
-  for fr in frames:
-    path = os.path.abspath(fr.file_name)
+  for file_name, line_num, function_name in frames:
+    path = os.path.abspath(file_name)
     if path.startswith(here) or path.startswith(jax_dir):
       if chain:
         break
       continue
-    chain.append(f"{os.path.basename(fr.file_name)}:{fr.line_num} ({fr.function_name})")
+    chain.append(f"{os.path.basename(file_name)}:{line_num} ({function_name})")
     if len(chain) == 3:
       break
   return " <- ".join(chain) if chain else "unknown"

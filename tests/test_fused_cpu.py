@@ -222,3 +222,98 @@ def test_fused_benchmark_shapes_option():
   for bad in ("3y4", "0x8192", "8x", "x"):
     with pytest.raises(argparse.ArgumentTypeError):
       bench.parse_shapes(bad)
+
+
+@pytest.mark.parametrize("hidden,fused", [(64, True), (12288, False)])
+def test_auto_lowers_to_the_kernel_up_to_the_measured_size(mesh, monkeypatch, hidden, fused):
+  # per rank: 3 x 64 float32 = 768 B (the kernel); 3 x 12288 = 144 KiB, above
+  # FUSED_AUTO_MAX_BYTES (the composition: two all-reduce calls, this one's and the body's)
+  from jaxll import fused as fused_mod
+  assert 3 * 64 * 4 <= fused_mod.FUSED_AUTO_MAX_BYTES < 3 * 12288 * 4
+
+  def body(x, r, w):
+    a, b = jaxll.all_reduce_rmsnorm(x, r, w, "tp")
+    return a, jaxll.all_reduce(b, "tp")
+
+  text = _cuda_text(mesh, monkeypatch, hidden=hidden, body=body)
+  assert ("jaxll_all_reduce_rmsnorm" in text) == fused
+  assert text.count("@jaxll_all_reduce(") == (1 if fused else 2)
+  if fused:
+    site = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"][-1]
+    assert (site.requested, site.algorithm) == ("auto", "fused_oneshot_ll")
+    assert site.reason.startswith("auto: 768 B per rank"), site.reason
+
+
+def _vmapped(case, f):
+  """shard_map bodies that vmap ``f(x, r, w)`` (x: (tokens, 4, 64) per rank)."""
+  if case == "rows":          # x and r batched on axis 1, one weight
+    return lambda x, r, w: jax.vmap(f, in_axes=(1, 1, None), out_axes=1)(x, r, w[0])
+  if case == "weights":       # a weight per batch element
+    return lambda x, r, w: jax.vmap(f, in_axes=(1, 1, 0), out_axes=1)(x, r, w[:4])
+  if case == "residual":      # one residual for every batch element
+    return lambda x, r, w: jax.vmap(f, in_axes=(1, None, None), out_axes=1)(x, r[:, 0], w[0])
+  raise ValueError(case)
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "fused"])
+@pytest.mark.parametrize("case", ["rows", "weights", "residual"])
+def test_vmap_matches_the_reference(mesh, algorithm, case):
+  rng = np.random.default_rng(4)
+  x = rng.standard_normal((8 * 3, 4, 64)).astype(np.float32)
+  r = rng.standard_normal((3, 4, 64)).astype(np.float32)
+  w = (1 + 0.1 * rng.standard_normal((5, 64))).astype(np.float32)
+  args = _put(mesh, x, r, w)
+
+  def run(f):
+    g = jax.jit(jax.shard_map(_vmapped(case, f), mesh=mesh, in_specs=(P("tp"), P(), P()),
+                              out_specs=(P(), P()), check_vma=False))
+    return [np.asarray(o) for o in g(*args)]
+
+  got = run(lambda a, b, c: jaxll.all_reduce_rmsnorm(a, b, c, "tp", algorithm=algorithm))
+  want = run(lambda a, b, c: _reference(a, b, c, 1e-6))
+  for g, v in zip(got, want):
+    assert g.shape == (3, 4, 64)
+    np.testing.assert_array_equal(g, v)
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "fused"])
+def test_vmap_over_a_reduced_axis_name(mesh, algorithm):
+  # jax.vmap(axis_name="v") with the reduction over ("tp", "v"): the vmapped
+  # axis is summed as part of the all-reduce
+  rng = np.random.default_rng(5)
+  x = rng.standard_normal((8 * 2, 3, 64)).astype(np.float32)
+  r = rng.standard_normal((2, 3, 64)).astype(np.float32)
+  w = (1 + 0.1 * rng.standard_normal(64)).astype(np.float32)
+
+  def body(x, r, w):
+    return jax.vmap(lambda a, b: jaxll.all_reduce_rmsnorm(a, b, w, ("tp", "v"), algorithm=algorithm),
+                    axis_name="v")(x, r)
+
+  g = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("tp"), P(), P()),
+                            out_specs=(P(), P()), check_vma=False))
+  normed, new_residual = (np.asarray(o, np.float64) for o in g(*_put(mesh, x, r, w)))
+  h = x.astype(np.float64).reshape(8, 2, 3, 64).sum((0, 1))[None] + r
+  want = h / np.sqrt(np.mean(h * h, -1, keepdims=True) + 1e-6) * w
+  np.testing.assert_allclose(new_residual, h, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(normed, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch,fused", [(2, True), (64, False)])
+def test_auto_under_vmap_counts_the_batched_rows(mesh, monkeypatch, batch, fused):
+  # 3 x 256 float32 = 3 KiB per vmapped call: 2 of them (6 KiB) stay on the
+  # kernel, 64 (192 KiB) exceed FUSED_AUTO_MAX_BYTES and take the composition
+  from jaxll import lowering
+  monkeypatch.setattr(lowering, "workspace_for", lambda ctx, axes: (7, 8, ""))
+  monkeypatch.setattr(lowering, "decide", lambda ctx, aval, axes, op, requested:
+                      lowering.Decision("oneshot_ll", "forced by the test", 7, 8))
+  rng = np.random.default_rng(6)
+  x = rng.standard_normal((8 * 3, batch, 256)).astype(np.float32)
+  r = rng.standard_normal((3, batch, 256)).astype(np.float32)
+  w = np.ones(256, np.float32)
+  body = lambda x, r, w: jax.vmap(lambda a, b: jaxll.all_reduce_rmsnorm(a, b, w, "tp"),
+                                  in_axes=1, out_axes=1)(x, r)
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("tp"), P(), P()),
+                            out_specs=(P(), P()), check_vma=False))
+  text = f.trace(*_put(mesh, x, r, w)).lower(lowering_platforms=("cuda",)).as_text()
+  assert ("jaxll_all_reduce_rmsnorm" in text) == fused
+  assert ("@jaxll_all_reduce(" in text) == (not fused)

@@ -6,6 +6,8 @@ LL16 regions included), followed by a plain all-reduce in the same program and
 repeated. new_residual must be bitwise the composition's (the same rank-order
 float32 sum and one rounding), normed within a rounding or two (the sum of
 squares is reduced in another order than XLA's), every run the first run's bits.
+algorithm="auto" must take the fused kernel exactly for the cases of at most
+FUSED_AUTO_MAX_BYTES per rank, with the bits of the path it took.
 
   python rmsnorm_check.py [--runs 10]
 """
@@ -62,9 +64,21 @@ for (tokens, hidden), dtype in CASES:
   paths = sorted({s.algorithm for s in jaxll.explain(fused, *args)})
   if "fused_oneshot_ll" not in [s.algorithm for s in jaxll.recent_call_sites()]:
     report["errors"].append(f"{key}: the fused kernel did not serve the call ({paths})")
+  # algorithm="auto": the fused kernel up to FUSED_AUTO_MAX_BYTES per rank, then
+  # the composition; where it takes the kernel, the fused call's bits
+  auto = step("auto")
+  took = "fused_oneshot_ll" in {s.algorithm for s in jaxll.explain(auto, *args)}
+  small = tokens * hidden * np.dtype(dtype).itemsize <= jaxll.fused.FUSED_AUTO_MAX_BYTES
+  if took != small:
+    report["errors"].append(f"{key}: auto took the fused kernel: {took}, expected {small}")
   fc, cc = fused.lower(*args).compile(), composed.lower(*args).compile()
+  ac = auto.lower(*args).compile()
   launch.barrier()
   want = [np.asarray(o.addressable_data(0)) for o in cc(*args)]
+  by_auto = [np.asarray(o.addressable_data(0)) for o in ac(*args)]
+  if not all(np.array_equal(a, b) for a, b in zip(by_auto, [np.asarray(
+      o.addressable_data(0)) for o in (fc if took else cc)(*args)])):
+    report["errors"].append(f"{key}: auto's results differ from the path it took")
   first = None
   for _ in range(opts.runs):
     got = [np.asarray(o.addressable_data(0)) for o in fc(*args)]
