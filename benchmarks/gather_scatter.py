@@ -19,6 +19,7 @@ import statistics
 import jax
 
 import jaxll
+import jaxll.bench
 import jaxll.testing as jt
 
 ALGORITHMS = ("oneshot_ll", "oneshot_barrier")
@@ -36,9 +37,12 @@ def main() -> None:
   opts = p.parse_args()
   dev = jax.devices("cuda")[0]
   rows = []
+  sol = jaxll.bench.probe_sol(dev.local_hardware_id, opts.reps)
   print(f"# all_gather / psum_scatter kernels on {dev.device_kind}, jax {jax.__version__}; "
-        f"kernel minus graph floor, us (median of {opts.passes} x {opts.reps})")
-  print(f"{'N':>2} {'bytes':>6} {'collective':<13} {'oneshot_ll':>10} {'barrier':>8} {'barrier/ll':>10}")
+        f"kernel minus graph floor, us (median of {opts.passes} x {opts.reps}); speed of light "
+        f"{sol['sol_us']:.3f} us (L2 round trip {sol['l2_rtt_us']:.3f}, ping-pong one way "
+        f"{sol['pingpong_one_way_us']:.3f})")
+  print(f"{'N':>2} {'bytes':>6} {'collective':<13} {'oneshot_ll':>10} {'barrier':>8} {'barrier/ll':>10} {'ll/SoL':>7}")
   for n in opts.ranks:
     floor_samples = []
     for nbytes in opts.sizes:
@@ -55,10 +59,11 @@ def main() -> None:
         rows.append({"ranks": n, "bytes": nbytes, "collective": coll, "floor_us": floor,
                      **{f"{a}_us": above[a] for a in ALGORITHMS}, "barrier_over_ll": ratio})
         print(f"{n:>2} {nbytes:>6} {coll:<13} {above['oneshot_ll']:>10.2f} "
-              f"{above['oneshot_barrier']:>8.2f} {ratio:>10.2f}", flush=True)
+              f"{above['oneshot_barrier']:>8.2f} {ratio:>10.2f} "
+              f"{above['oneshot_ll'] / sol['sol_us']:>7.2f}", flush=True)
   if opts.json:
     with open(opts.json, "w") as f:
-      json.dump({"gpu": dev.device_kind, "jax": jax.__version__, "rows": rows}, f, indent=1)
+      json.dump({"gpu": dev.device_kind, "jax": jax.__version__, "sol": sol, "rows": rows}, f, indent=1)
   jaxll.check_errors()  # a kernel that gave up makes the figures meaningless
 
 

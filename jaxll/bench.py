@@ -213,6 +213,19 @@ def steady_method(args) -> str:
           f"to back per sync, each on the last one's (donated) output, median of {args.reps}")
 
 
+def probe_sol(ordinal: int, reps: int) -> dict:
+  """The speed-of-light bound on one GPU (DESIGN.md 1): 2 L2 round trips (one
+  ``__threadfence()`` each) + one remote store, the store from a flag ping-pong
+  between two blocks on two streams; medians of ``reps`` probes."""
+  from jaxll._ext import ext
+
+  l2 = statistics.median(ext.probe_l2_fence_us(ordinal, 20000, False) for _ in range(reps))
+  one_way = statistics.median(
+      ext.probe_pingpong_one_way_us(ordinal, ordinal, 20000) for _ in range(reps))
+  return {"l2_rtt_us": l2, "pingpong_one_way_us": one_way,
+          "sol_us": 2 * l2 + (2 * one_way - 2 * l2) / 2}
+
+
 def measure_sol(args) -> dict:
   """Speed-of-light inputs and per-call floors, on GPU 0 (and GPU pairs)."""
   import jax
@@ -224,13 +237,9 @@ def measure_sol(args) -> dict:
   dev = jax.devices("cuda")[0]
   o = dev.local_hardware_id
   reps = max(3, args.reps // 3)
-  l2 = statistics.median(ext.probe_l2_fence_us(o, 20000, False) for _ in range(reps))
   store_fence = statistics.median(ext.probe_l2_fence_us(o, 20000, True) for _ in range(reps))
-  one_way = statistics.median(ext.probe_pingpong_one_way_us(o, o, 20000) for _ in range(reps))
-  rtt = 2 * one_way
-  sol = {"device": dev.device_kind, "l2_rtt_us": l2, "store_fence_us": store_fence,
-         "pingpong_one_way_us": one_way,
-         "sol_us": 2 * l2 + (rtt - 2 * l2) / 2}
+  sol = {"device": dev.device_kind, "store_fence_us": store_fence, **probe_sol(o, reps)}
+  l2 = sol["l2_rtt_us"]
   pairs = {}
   gpus = jax.devices("cuda")
   for a in gpus:
