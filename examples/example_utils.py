@@ -90,7 +90,10 @@ def _launch(opts, script):
       args.append(a)
   args += ["--worker"] + (["--shared-gpu"] if shared else []) + ([] if gpus else ["--cpu"])
   env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "NCCL_NVLS_ENABLE": "0"}
-  if "CUDA_DEVICE_MAX_CONNECTIONS" in os.environ:  # the caller's choice beats launch's default
+  # The caller's choice beats launch's default, except for processes sharing a
+  # GPU under MPS: there launch's small default keeps the clients within the
+  # GPU's hardware work queues (4 processes asking for 32 each found no device).
+  if "CUDA_DEVICE_MAX_CONNECTIONS" in os.environ and not shared:
     env["CUDA_DEVICE_MAX_CONNECTIONS"] = os.environ["CUDA_DEVICE_MAX_CONNECTIONS"]
   if not gpus:  # one CPU device per process
     env["XLA_FLAGS"] = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()

@@ -214,7 +214,16 @@ def run(script: str, n: int, *, args=(), timeout: float = 300, mps="auto",
     if problems:
       tails = "\n".join(f"--- process {w.process_id} (exit {w.returncode}) ---\n"
                         + _digest(w.output) for w in workers)
-      raise LaunchError("; ".join(problems) + f" ({'MPS' if serving else 'no MPS'})\n" + tails)
+      hint = ""
+      if serving is not None and any("no supported devices found" in w.output for w in workers):
+        asked = (env or {}).get("CUDA_DEVICE_MAX_CONNECTIONS", MPS_MAX_CONNECTIONS)
+        hint = (f"hint: under MPS a process found no GPU. Each MPS client takes "
+                f"CUDA_DEVICE_MAX_CONNECTIONS hardware work queues from one pool "
+                f"(here {asked} x {n} processes; launch's default is {MPS_MAX_CONNECTIONS} "
+                f"where env does not set it); a server of another MPS daemon still "
+                f"running does this too. mps=False runs without MPS.\n")
+      raise LaunchError("; ".join(problems) + f" ({'MPS' if serving else 'no MPS'})\n" + hint
+                        + tails)
     return workers
   finally:
     _kill(procs)  # also when the caller is interrupted: no worker outlives the run

@@ -214,3 +214,20 @@ def test_one_failure_fails_every_process_alike(monkeypatch, step):
   assert f"{step} failed: process 1: " in reasons.pop()
   # every comm that was created is freed again
   assert freed == {0: [100], 1: [] if step == "build" else [101]}
+
+
+def test_a_process_without_a_gpu_under_mps_gets_a_hint(tmp_path):
+  # A worker that fails the way an MPS client without a work queue does. The
+  # daemon is a stand-in (run() only reads its env; nothing is started here).
+  script = tmp_path / "no_gpu.py"
+  script.write_text("import sys\nprint('INTERNAL: no supported devices found for platform CUDA')\n"
+                    "sys.exit(1)\n")
+  daemon = launch.MpsDaemon.__new__(launch.MpsDaemon)
+  daemon.env = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe")}
+  with pytest.raises(launch.LaunchError, match=r"hint: under MPS a process found no GPU") as e:
+    launch.run(str(script), 2, timeout=60, mps=daemon,
+               env=dict(ENV, CUDA_DEVICE_MAX_CONNECTIONS="32"))
+  assert "here 32 x 2 processes" in str(e.value)
+  with pytest.raises(launch.LaunchError) as e:  # no MPS: no hint
+    launch.run(str(script), 2, timeout=60, mps=False, env=ENV)
+  assert "hint" not in str(e.value)
