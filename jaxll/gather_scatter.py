@@ -15,9 +15,15 @@ Lowering: ``algorithm="oneshot_ll"`` (LL16, barrier-free) or
 runs jaxll's kernel (``ffi/kernels/gather_scatter.cu``) where a workspace
 serves the axes, for float32, bfloat16, float16 and int32, gathering along (or
 scattering) dimension 0, and raises AlgorithmUnavailableError elsewhere.
-``"auto"`` lowers to XLA's collective (exactly what ``jax.lax`` emits) until the
-kernels have been measured against it; ``"xla"`` always does. Every call site
-is recorded for ``jaxll.explain``.
+``"auto"`` takes the LL16 kernel where it can serve and every rank moves at
+most jaxll.all_reduce's auto crossover (``algorithms.auto_max_bytes``: the
+gathered result, or the scattered input), else XLA's collective (exactly what
+``jax.lax`` emits); on one H200 the LL16 kernel was 2.3-4.7x faster than the
+barrier baseline for pieces of 8 B to 4 KiB (``benchmarks/README.md``); XLA's
+collectives cannot run on the virtual ranks or the processes sharing one GPU
+that this was measured on, so the crossover to XLA is all_reduce's, not
+measured for these. ``"xla"`` always lowers to XLA's. Every call site is
+recorded for ``jaxll.explain``.
 """
 
 from __future__ import annotations
@@ -46,8 +52,6 @@ ALGORITHMS = ("auto", "xla") + KERNEL_ALGORITHMS
 _COLLECTIVE_CODES = {"all_gather": 2, "psum_scatter": 3}
 _KERNEL_DTYPES = frozenset(["float32", "bfloat16", "float16", "int32"])
 
-AUTO_REASON = ("auto lowers to XLA's {} until jaxll's kernels are measured against it "
-               "(ask for algorithm oneshot_ll)")
 
 
 def _map_leaves(name: str, x, axis_name, algorithm: str, bind_leaf):
@@ -105,8 +109,9 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
     tiled: concatenate (True) or stack (False).
     algorithm: ``"oneshot_ll"`` or ``"oneshot_barrier"``: jaxll's kernel
       (float32, bfloat16, float16, int32; ``axis=0``; raises
-      AlgorithmUnavailableError where it cannot serve); ``"auto"`` and
-      ``"xla"``: XLA's all-gather (auto picks no kernel until they are measured).
+      AlgorithmUnavailableError where it cannot serve); ``"auto"``: the LL16
+      kernel where it serves and the gathered result is at most the auto
+      crossover, else XLA's all-gather (module docstring); ``"xla"``: XLA's.
   """
   def bind(v, axes, size, constant):
     if constant:
@@ -138,7 +143,9 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Fals
     algorithm: ``"oneshot_ll"`` or ``"oneshot_barrier"``: jaxll's kernel
       (float32, bfloat16, float16, int32; ``scatter_dimension=0``; the sum
       in rank order, as jaxll.all_reduce; raises AlgorithmUnavailableError
-      where it cannot serve); ``"auto"`` and ``"xla"``: XLA's reduce-scatter.
+      where it cannot serve); ``"auto"``: the LL16 kernel where it serves and
+      ``x`` is at most the auto crossover, else XLA's reduce-scatter (module
+      docstring); ``"xla"``: XLA's.
   """
   def bind(v, axes, size, constant):
     if constant:
@@ -285,14 +292,13 @@ def _xla_rule(prim, ctx):
   return mlir._lowerings[prim].rule
 
 
-def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, str]:
-  """(workspace id, reason): the kernel's workspace, or 0 for XLA's collective."""
+def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, str, str]:
+  """(workspace id, kernel algorithm, reason): the kernel's workspace, or 0 for
+  XLA's collective."""
   if algorithm == "xla":
-    return 0, "algorithm='xla' requested"
-  if algorithm == "auto":
-    return 0, AUTO_REASON.format(op.replace("_", "-"))
+    return 0, "xla", "algorithm='xla' requested"
   aval = ctx.avals_in[0]
-  ws, _, problem = lowering.workspace_for(ctx, axes)
+  ws, size, problem = lowering.workspace_for(ctx, axes)
   if not problem:
     if np.dtype(aval.dtype).name not in _KERNEL_DTYPES:
       problem = f"no {op} kernel for {np.dtype(aval.dtype)}"
@@ -301,20 +307,32 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, s
                  f" 0 only, not {dim}")
     elif aval.size == 0:
       problem = "empty array"
+  if algorithm == "auto":
+    if problem:
+      return 0, "xla", f"auto: {problem}"
+    if size == 1:
+      return 0, "xla", "auto: group of one device (a copy)"
+    # the bytes every rank reads: the gathered result, or the input it sums
+    moved = int(aval.size) * np.dtype(aval.dtype).itemsize * (size if op == "all_gather" else 1)
+    limit = algorithms.auto_max_bytes(size)
+    if moved > limit:
+      return 0, "xla", f"auto: {moved} bytes per rank > auto crossover {limit} bytes"
+    return ws, "oneshot_ll", (f"auto: {moved} bytes per rank <= auto crossover {limit} bytes "
+                              f"(LL16 measured faster than the barrier kernel)")
   if problem:
     raise AlgorithmUnavailableError(
         f"jaxll.{op}(algorithm={algorithm!r}) cannot serve the call at {lowering._site(ctx)} "
         f"({aval.str_short()} over {axes}): {problem}")
-  return ws, f"algorithm={algorithm!r} requested"
+  return ws, algorithm, f"algorithm={algorithm!r} requested"
 
 
 def _lower(ctx, x, prim, op: str, dim: int, axes: tuple, size: int, algorithm: str, params):
-  ws, reason = _decide(ctx, op, axes, algorithm, dim)
+  ws, kernel, reason = _decide(ctx, op, axes, algorithm, dim)
   if ws:
     out = lowering.emit_ordered_call(
         ctx, "jaxll_gather_scatter", [x], workspace=ws,
         collective=np.int64(_COLLECTIVE_CODES[op]),
-        algorithm=np.int64(algorithms.SPECS[algorithm].code))
+        algorithm=np.int64(algorithms.SPECS[kernel].code))
   else:
     out = _xla_rule(prim, ctx)(ctx, x, axis_name=axes, axis_index_groups=None,
                                axis_size=size, **params)
@@ -323,7 +341,7 @@ def _lower(ctx, x, prim, op: str, dim: int, axes: tuple, size: int, algorithm: s
       site=lowering._site(ctx), axes=",".join(map(str, axes)), group_size=size,
       shape=str(tuple(aval.shape)), dtype=str(np.dtype(aval.dtype)),
       nbytes=int(aval.size) * np.dtype(aval.dtype).itemsize, op=op, requested=algorithm,
-      algorithm=algorithm if ws else "xla", reason=reason, workspace=ws)
+      algorithm=kernel if ws else "xla", reason=reason, workspace=ws)
   lowering._tag(out, site)  # (jaxll.explain reads it back from the lowered text)
   call_sites.record(site)
   return out

@@ -210,4 +210,33 @@ def test_explain_reports_the_xla_path(mesh1):
   assert set(sites) == {"all_gather", "psum_scatter"}, sites
   for op, s in sites.items():
     assert s.algorithm == "xla" and s.group_size == 8 and s.axes == "tp", s
-    assert s.reason == gather_scatter.AUTO_REASON.format(op.replace("_", "-")), s
+    assert s.reason == "auto: lowering for cpu, jaxll kernels run on CUDA GPUs", s
+
+
+@pytest.mark.parametrize("op,shape,dtype,group,want", [
+    ("all_gather", (64,), np.float32, 8, "oneshot_ll"),       # 8 x 256 B gathered
+    ("psum_scatter", (8 * 64,), np.float32, 8, "oneshot_ll"),
+    ("all_gather", (64, 2), np.float32, 8, "oneshot_ll"),
+    ("all_gather", (1 << 16,), np.float32, 8, "xla"),        # 8 x 256 KiB > 1 MiB crossover
+    ("psum_scatter", (1 << 19,), np.float32, 8, "xla"),      # 2 MiB summed
+    ("all_gather", (64,), np.int8, 8, "xla"),                # no kernel for int8
+    ("all_gather", (64,), np.float32, 1, "xla"),             # a group of one: a copy
+])
+def test_auto_takes_the_ll_kernel_within_the_crossover(mesh1, monkeypatch, op, shape, dtype,
+                                                       group, want):
+  # Lowered for CUDA (no GPU needed) with the workspace lookup forced; the
+  # crossover is all_reduce's (JAXLL_AUTO_MAX_BYTES pins it here)
+  from jaxll import lowering
+  monkeypatch.setenv("JAXLL_AUTO_MAX_BYTES", str(1 << 20))
+  monkeypatch.setattr(lowering, "workspace_for", lambda ctx, axes: (7, group, ""))
+  fn = {"all_gather": lambda v: jaxll.all_gather(v, "tp", tiled=True),
+        "psum_scatter": lambda v: jaxll.psum_scatter(v, "tp", tiled=True)}[op]
+  x = _put(mesh1, np.zeros((8 * shape[0],) + shape[1:], dtype), P("tp"))
+  f = jax.jit(jax.shard_map(fn, mesh=mesh1, in_specs=P("tp"), out_specs=P("tp")))
+  text = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  site = [s for s in jaxll.recent_call_sites() if s.op == op][-1]
+  assert site.algorithm == want and site.reason.startswith("auto: "), site
+  assert ("jaxll_gather_scatter" in text) == (want != "xla")
+  if want != "xla":
+    from jaxll import algorithms
+    assert f"algorithm = {algorithms.SPECS['oneshot_ll'].code} : i64" in text, text[-3000:]
