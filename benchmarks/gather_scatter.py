@@ -1,12 +1,14 @@
 """All-gather and reduce-scatter kernels on virtual ranks (one GPU): kernel time
-minus the CUDA-graph floor per call, the LL16 kernel against the barrier
-baseline, side by side in one run (issue 16's target: LL at least 1.5x faster
+minus the CUDA-graph floor per call, the LL16 and sentinel kernels against the
+barrier baseline, side by side in one run (issue 16's target: LL at least 1.5x faster
 for pieces of up to 4 KiB per rank).
 
-For each (N, bytes per rank piece, collective) both algorithms are measured in
---passes interleaved passes of --reps graph replays (--iters calls each); the
-median of all samples is kept, the graph of empty kernels measured the same way
-is the floor.
+For each (N, bytes per rank piece, collective) the three algorithms are
+measured in --passes interleaved passes of --reps graph replays (--iters calls
+each); the median of all samples is kept, the graph of empty kernels measured
+the same way is the floor. The speed of light (DESIGN.md 1: 2 L2 round trips +
+one remote store; jaxll.bench.probe_sol) is probed in the same run and printed
+next to the LL16 kernel's time above the floor.
 
   python benchmarks/gather_scatter.py --json out.json
 """
@@ -22,13 +24,13 @@ import jaxll
 import jaxll.bench
 import jaxll.testing as jt
 
-ALGORITHMS = ("oneshot_ll", "oneshot_barrier")
+ALGORITHMS = ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier")
 
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
-  p.add_argument("--sizes", type=int, nargs="+", default=[8, 256, 4096])
+  p.add_argument("--sizes", type=int, nargs="+", default=[8, 256, 4096, 65536])
   p.add_argument("--collectives", nargs="+", default=["all_gather", "psum_scatter"])
   p.add_argument("--iters", type=int, default=400)
   p.add_argument("--reps", type=int, default=9)
@@ -42,7 +44,7 @@ def main() -> None:
         f"kernel minus graph floor, us (median of {opts.passes} x {opts.reps}); speed of light "
         f"{sol['sol_us']:.3f} us (L2 round trip {sol['l2_rtt_us']:.3f}, ping-pong one way "
         f"{sol['pingpong_one_way_us']:.3f})")
-  print(f"{'N':>2} {'bytes':>6} {'collective':<13} {'oneshot_ll':>10} {'barrier':>8} {'barrier/ll':>10} {'ll/SoL':>7}")
+  print(f"{'N':>2} {'bytes':>6} {'collective':<13} {'oneshot_ll':>10} {'sentinel':>8} {'barrier':>8} {'barrier/ll':>10} {'ll/SoL':>7}")
   for n in opts.ranks:
     floor_samples = []
     for nbytes in opts.sizes:
@@ -59,7 +61,7 @@ def main() -> None:
         rows.append({"ranks": n, "bytes": nbytes, "collective": coll, "floor_us": floor,
                      **{f"{a}_us": above[a] for a in ALGORITHMS}, "barrier_over_ll": ratio})
         print(f"{n:>2} {nbytes:>6} {coll:<13} {above['oneshot_ll']:>10.2f} "
-              f"{above['oneshot_barrier']:>8.2f} {ratio:>10.2f} "
+              f"{above['oneshot_sentinel']:>8.2f} {above['oneshot_barrier']:>8.2f} {ratio:>10.2f} "
               f"{above['oneshot_ll'] / sol['sol_us']:>7.2f}", flush=True)
   if opts.json:
     with open(opts.json, "w") as f:

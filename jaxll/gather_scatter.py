@@ -10,11 +10,16 @@ primitive (so a backward pass reaches jaxll's kernels too). ``vmap`` follows
 JAX's rules: a batch dimension is more data for the same collective, and a
 collective over the vmapped axis itself is computed locally.
 
-Lowering: ``algorithm="oneshot_ll"`` (LL16, barrier-free) or
-``"oneshot_barrier"`` (plain stores between two flag barriers, the baseline)
-runs jaxll's kernel (``ffi/kernels/gather_scatter.cu``) where a workspace
-serves the axes, for float32, bfloat16, float16 and int32, gathering along (or
-scattering) dimension 0, and raises AlgorithmUnavailableError elsewhere.
+Lowering: ``algorithm="oneshot_ll"`` (LL16, barrier-free),
+``"oneshot_sentinel"`` (full-width stores into scratch that holds a NaN
+pattern until written, barrier-free; floating types only: a gathered element
+whose bits are all ones arrives as the canonical NaN) or ``"oneshot_barrier"``
+(plain stores between two flag barriers, the baseline) runs jaxll's kernel
+(``ffi/kernels/gather_scatter.cu``) where a workspace serves the axes, for
+float32, bfloat16, float16 and int32, gathering along (or scattering)
+dimension 0, and raises AlgorithmUnavailableError elsewhere. Messages of any
+size go in rounds of one scratch region per block, alternating the two
+scratch buffers by epoch parity.
 ``"auto"`` takes the LL16 kernel where it can serve and every rank moves at
 most jaxll.all_reduce's auto crossover (``algorithms.auto_max_bytes``: the
 gathered result, or the scattered input), else XLA's collective (exactly what
@@ -46,11 +51,14 @@ all_gather_p = core.Primitive("jaxll_all_gather")
 psum_scatter_p = core.Primitive("jaxll_psum_scatter")
 
 # The algorithms these collectives take.
-KERNEL_ALGORITHMS = ("oneshot_ll", "oneshot_barrier")
+KERNEL_ALGORITHMS = ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier")
 ALGORITHMS = ("auto", "xla") + KERNEL_ALGORITHMS
 # Codes of the gather/scatter kernels' call signatures (ffi/kernels/all_reduce.h).
 _COLLECTIVE_CODES = {"all_gather": 2, "psum_scatter": 3}
 _KERNEL_DTYPES = frozenset(["float32", "bfloat16", "float16", "int32"])
+# The sentinel protocol's pattern (all ones) is a NaN of each floating type and a
+# valid int32.
+_SENTINEL_DTYPES = frozenset(["float32", "bfloat16", "float16"])
 
 
 
@@ -107,8 +115,9 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
     axis_name: a mesh axis name, or a tuple of them.
     axis: where the pieces go (see above).
     tiled: concatenate (True) or stack (False).
-    algorithm: ``"oneshot_ll"`` or ``"oneshot_barrier"``: jaxll's kernel
-      (float32, bfloat16, float16, int32; ``axis=0``; raises
+    algorithm: ``"oneshot_ll"``, ``"oneshot_sentinel"`` or
+      ``"oneshot_barrier"``: jaxll's kernel (float32, bfloat16, float16,
+      int32, sentinel not int32; ``axis=0``; raises
       AlgorithmUnavailableError where it cannot serve); ``"auto"``: the LL16
       kernel where it serves and the gathered result is at most the auto
       crossover, else XLA's all-gather (module docstring); ``"xla"``: XLA's.
@@ -140,8 +149,9 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Fals
     axis_name: a mesh axis name, or a tuple of them.
     scatter_dimension: the dimension the sum is split along.
     tiled: keep (True) or remove (False) the scattered dimension.
-    algorithm: ``"oneshot_ll"`` or ``"oneshot_barrier"``: jaxll's kernel
-      (float32, bfloat16, float16, int32; ``scatter_dimension=0``; the sum
+    algorithm: ``"oneshot_ll"``, ``"oneshot_sentinel"`` or
+      ``"oneshot_barrier"``: jaxll's kernel (float32, bfloat16, float16,
+      int32, sentinel not int32; ``scatter_dimension=0``; the sum
       in rank order, as jaxll.all_reduce; raises AlgorithmUnavailableError
       where it cannot serve); ``"auto"``: the LL16 kernel where it serves and
       ``x`` is at most the auto crossover, else XLA's reduce-scatter (module
@@ -300,7 +310,8 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, s
   aval = ctx.avals_in[0]
   ws, size, problem = lowering.workspace_for(ctx, axes)
   if not problem:
-    if np.dtype(aval.dtype).name not in _KERNEL_DTYPES:
+    dtypes = _SENTINEL_DTYPES if algorithm == "oneshot_sentinel" else _KERNEL_DTYPES
+    if np.dtype(aval.dtype).name not in dtypes:
       problem = f"no {op} kernel for {np.dtype(aval.dtype)}"
     elif dim != 0:
       problem = (f"the kernel {'gathers along axis' if op == 'all_gather' else 'scatters dimension'}"

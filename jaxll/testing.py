@@ -137,13 +137,18 @@ def virtual_all_reduce_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device
 _ALL_GATHER, _REDUCE_SCATTER = 2, 3
 
 
+def _check_gather_scatter_algorithm(algorithm: str) -> None:
+  from jaxll.gather_scatter import KERNEL_ALGORITHMS
+  if algorithm not in KERNEL_ALGORITHMS:
+    raise ValueError(f"algorithm must be one of {list(KERNEL_ALGORITHMS)}, got {algorithm!r}")
+
+
 def _gather_scatter(code, x, count, algorithm, device, config):
   x = np.ascontiguousarray(x)
   dtype = np.dtype(x.dtype)
   if dtype.name not in algorithms.DTYPE_CODES:
     raise TypeError(f"no kernel for {dtype}")
-  if algorithm not in ("oneshot_ll", "oneshot_barrier"):
-    raise ValueError(f"algorithm must be oneshot_ll or oneshot_barrier, got {algorithm!r}")
+  _check_gather_scatter_algorithm(algorithm)
   ws = virtual_workspace(x.shape[0], device=device, config=config)
   y, error = ext.virtual_gather_scatter(ws.id, code, algorithms.SPECS[algorithm].code,
                                         algorithms.DTYPE_CODES[dtype.name], x.tobytes(),
@@ -276,8 +281,7 @@ def gather_scatter_time_us(nranks: int, nbytes: int, *, collective: str = "all_g
   codes = {"all_gather": _ALL_GATHER, "psum_scatter": _REDUCE_SCATTER}
   if collective not in codes:
     raise ValueError(f"collective must be all_gather or psum_scatter, got {collective!r}")
-  if algorithm not in ("oneshot_ll", "oneshot_barrier"):
-    raise ValueError(f"algorithm must be oneshot_ll or oneshot_barrier, got {algorithm!r}")
+  _check_gather_scatter_algorithm(algorithm)
   dtype = np.dtype(jax.numpy.dtype(dtype))
   ws = virtual_workspace(nranks, device=device, config=config)
   count = max(1, nbytes // dtype.itemsize)

@@ -240,3 +240,21 @@ def test_auto_takes_the_ll_kernel_within_the_crossover(mesh1, monkeypatch, op, s
   if want != "xla":
     from jaxll import algorithms
     assert f"algorithm = {algorithms.SPECS['oneshot_ll'].code} : i64" in text, text[-3000:]
+
+
+@pytest.mark.parametrize("dtype,ok", [(np.float32, True), (jnp.bfloat16, True), (np.int32, False)])
+def test_sentinel_request_lowers_for_floating_types_only(mesh1, monkeypatch, dtype, ok):
+  # Lowered for CUDA with the workspace lookup forced: the sentinel kernel's
+  # code for floating types; int32 (all ones is a valid int32) refused clearly
+  from jaxll import algorithms, lowering
+  monkeypatch.setattr(lowering, "workspace_for", lambda ctx, axes: (7, 8, ""))
+  x = _put(mesh1, np.zeros((8 * 16,), dtype), P("tp"))
+  f = jax.jit(jax.shard_map(lambda v: jaxll.all_gather(v, "tp", tiled=True,
+                                                       algorithm="oneshot_sentinel"),
+                            mesh=mesh1, in_specs=P("tp"), out_specs=P("tp")))
+  if not ok:
+    with pytest.raises(jaxll.AlgorithmUnavailableError, match="no all_gather kernel for int32"):
+      f.trace(x).lower(lowering_platforms=("cuda",))
+    return
+  text = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  assert f"algorithm = {algorithms.SPECS['oneshot_sentinel'].code} : i64" in text

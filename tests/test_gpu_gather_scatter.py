@@ -1,9 +1,12 @@
 """GPU tier, one GPU, virtual ranks: the all-gather and reduce-scatter kernels
-(ffi/kernels/gather_scatter.cu) on N = 1, 2, 3, 4, 8 ranks, LL16 and barrier
-protocols, every dtype with a kernel, odd sizes and sizes of several rounds.
+(ffi/kernels/gather_scatter.cu) on N = 1, 2, 3, 4, 8 ranks, LL16, sentinel and
+barrier protocols, every dtype with a kernel, odd sizes and sizes of several
+rounds.
 
 - all-gather moves bits: every rank's output is exactly the ranks' pieces in
-  rank order (NaN payloads, signed zeros and all).
+  rank order (NaN payloads, signed zeros and all), except that under the
+  sentinel protocol a peer's element whose bits are all ones (the pattern)
+  arrives as the canonical NaN.
 - reduce-scatter adds in rank order, as the one-shot all-reduce does: rank r's
   piece is bitwise the piece r of jaxll's one-shot all-reduce of the same
   inputs, and within the float64 sum's rounding.
@@ -19,7 +22,15 @@ import jaxll.testing as jt
 pytestmark = pytest.mark.gpu
 
 DTYPES = [np.float32, jnp.bfloat16, np.float16, np.int32]
-ALGORITHMS = ["oneshot_ll", "oneshot_barrier"]
+ALGORITHMS = ["oneshot_ll", "oneshot_sentinel", "oneshot_barrier"]
+# The canonical NaN the sentinel protocol sends in place of the all-ones pattern.
+CANONICAL_NAN = {"float32": 0x7FC00000, "bfloat16": 0x7FC0, "float16": 0x7E00}
+
+
+def _served(dtype, algorithm):
+  if algorithm == "oneshot_sentinel" and np.dtype(dtype) == np.int32:
+    pytest.skip("no sentinel kernel for int32 (all ones is a valid int32); "
+                "test_sentinel_refuses_int32 checks the refusal")
 COUNTS = [1, 3, 17, 1000, 4097, 65_539, 300_001]
 
 
@@ -39,6 +50,7 @@ def _random(shape, dtype, seed):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
 def test_all_gather_moves_every_bit(n, dtype, algorithm):
+  _served(dtype, algorithm)
   for i, count in enumerate(COUNTS):
     x = _random((n, count), dtype, seed=100 * n + i)
     if np.dtype(dtype).kind == "f":  # bit patterns arithmetic would not keep
@@ -48,8 +60,14 @@ def test_all_gather_moves_every_bit(n, dtype, algorithm):
         bits[:, 1] = bits.dtype.type(1 << (8 * bits.dtype.itemsize - 1))  # -0.0
     got = jt.virtual_all_gather(x, algorithm=algorithm)
     assert got.shape == (n, n, count) and got.dtype == x.dtype
+    # what a peer's piece must arrive as
+    sent = _bits(x).copy()
+    if algorithm == "oneshot_sentinel":
+      sent[sent == np.iinfo(sent.dtype).max] = CANONICAL_NAN[np.dtype(dtype).name]
     for r in range(n):
-      np.testing.assert_array_equal(_bits(got[r]), _bits(x), err_msg=f"rank {r}, count {count}")
+      want = sent.copy()
+      want[r] = _bits(x)[r]  # (its own piece is copied, never sent)
+      np.testing.assert_array_equal(_bits(got[r]), want, err_msg=f"rank {r}, count {count}")
   jaxll.check_errors()
 
 
@@ -57,6 +75,7 @@ def test_all_gather_moves_every_bit(n, dtype, algorithm):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
 def test_psum_scatter_is_the_all_reduce_piece(n, dtype, algorithm):
+  _served(dtype, algorithm)
   for i, count in enumerate(COUNTS[:6]):
     x = _random((n, n, count), dtype, seed=200 * n + i)
     got = jt.virtual_psum_scatter(x, algorithm=algorithm)
@@ -104,6 +123,13 @@ def test_through_shard_map_on_one_gpu(algorithm):
     g_ref = jax.jit(jax.grad(lambda v: ref(v).sum()))(x)
   np.testing.assert_allclose(np.asarray(g_ours), np.asarray(g_ref), rtol=1e-6)
   jaxll.check_errors()
+
+
+@pytest.mark.parametrize("fn", [jt.virtual_all_gather, jt.virtual_psum_scatter])
+def test_sentinel_refuses_int32(fn):
+  x = np.ones((2, 2, 8) if fn is jt.virtual_psum_scatter else (2, 8), np.int32)
+  with pytest.raises(RuntimeError, match="no kernel for this algorithm and dtype"):
+    fn(x, algorithm="oneshot_sentinel")
 
 
 def test_kernel_timing_tool_runs():

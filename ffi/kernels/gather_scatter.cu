@@ -4,17 +4,25 @@
 //   all-gather      every rank pushes its piece (count elements) to every peer
 //                   and writes it into its own slot of the output; then it reads
 //                   each peer's piece from its scratch into that peer's slot.
-//                   Bits move unchanged (LL16 and plain stores never look at the
-//                   values), so one kernel per element size serves every dtype.
+//                   Bits move unchanged under LL16 and plain stores (they never
+//                   look at the values), so one kernel per element size serves
+//                   every dtype there. The sentinel protocol looks at the values:
+//                   a peer's element whose bits are all ones (a NaN, the
+//                   pattern) arrives as the canonical NaN, as in the sentinel
+//                   all-reduce; this rank's own piece is copied unchanged.
 //   reduce-scatter  every rank sends piece j of its input to rank j; then it
 //                   reduces the N contributions to its own piece in rank order
 //                   0..N-1 (the order jaxll.all_reduce uses).
 //
-// Protocols: LL16 (data and flag in one 16-byte store, barrier-free) and a
-// baseline of plain stores between two cross-rank flag barriers. The grid, the
+// Protocols: LL16 (data and flag in one 16-byte store, barrier-free), sentinel
+// (data at full width into scratch that holds the pattern until written; the
+// reader writes the pattern back; barrier-free; floating-point types only) and
+// a baseline of plain stores between two cross-rank flag barriers. The grid, the
 // rounds and the scratch parity are the one-shot all-reduce's for a message of
 // one piece (plan_all_reduce with count = piece elements): in every round each
 // rank sends to each peer, so parity reuse stays safe (all_reduce_common.cuh).
+#include <algorithm>
+
 #include "all_reduce_common.cuh"
 #include "all_reduce_kernels.h"
 
@@ -166,6 +174,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) scatter_kernel
 bool proto_of(Algorithm algorithm, Proto* p) {
   switch (algorithm) {
     case Algorithm::kOneShotLL: *p = Proto::kLL; return true;
+    case Algorithm::kOneShotSentinel: *p = Proto::kSentinel; return true;
     case Algorithm::kOneShotBarrier: *p = Proto::kBarrier; return true;
     default: return false;
   }
@@ -173,11 +182,21 @@ bool proto_of(Algorithm algorithm, Proto* p) {
 
 template <Proto P>
 const void* gather_fn(DType dtype) {
-  // bits: one kernel per element size
-  switch (dtype_bytes(dtype)) {
-    case 4: return reinterpret_cast<const void*>(&gather_kernel<P, int32_t>);
-    case 2: return reinterpret_cast<const void*>(&gather_kernel<P, __half>);
-    default: return nullptr;
+  if constexpr (P == Proto::kSentinel) {
+    // the pattern is a per-type NaN: one kernel per floating type, none for int32
+    switch (dtype) {
+      case DType::kF32: return reinterpret_cast<const void*>(&gather_kernel<P, float>);
+      case DType::kBF16: return reinterpret_cast<const void*>(&gather_kernel<P, __nv_bfloat16>);
+      case DType::kF16: return reinterpret_cast<const void*>(&gather_kernel<P, __half>);
+      default: return nullptr;
+    }
+  } else {
+    // bits: one kernel per element size
+    switch (dtype_bytes(dtype)) {
+      case 4: return reinterpret_cast<const void*>(&gather_kernel<P, int32_t>);
+      case 2: return reinterpret_cast<const void*>(&gather_kernel<P, __half>);
+      default: return nullptr;
+    }
   }
 }
 
@@ -187,19 +206,30 @@ const void* scatter_fn(DType dtype) {
     case DType::kF32: return reinterpret_cast<const void*>(&scatter_kernel<P, float>);
     case DType::kBF16: return reinterpret_cast<const void*>(&scatter_kernel<P, __nv_bfloat16>);
     case DType::kF16: return reinterpret_cast<const void*>(&scatter_kernel<P, __half>);
-    case DType::kI32: return reinterpret_cast<const void*>(&scatter_kernel<P, int32_t>);
+    case DType::kI32:
+      if constexpr (P == Proto::kSentinel) {
+        return nullptr;  // (all-ones is a valid int32)
+      } else {
+        return reinterpret_cast<const void*>(&scatter_kernel<P, int32_t>);
+      }
   }
+  return nullptr;
+}
+
+template <Proto P>
+const void* kernel_of(Collective c, DType dtype) {
+  if (c == Collective::kAllGather) return gather_fn<P>(dtype);
+  if (c == Collective::kReduceScatter) return scatter_fn<P>(dtype);
   return nullptr;
 }
 
 const void* kernel_for(Collective c, Algorithm algorithm, DType dtype) {
   Proto p;
   if (!proto_of(algorithm, &p)) return nullptr;
-  if (c == Collective::kAllGather) {
-    return p == Proto::kLL ? gather_fn<Proto::kLL>(dtype) : gather_fn<Proto::kBarrier>(dtype);
-  }
-  if (c == Collective::kReduceScatter) {
-    return p == Proto::kLL ? scatter_fn<Proto::kLL>(dtype) : scatter_fn<Proto::kBarrier>(dtype);
+  switch (p) {
+    case Proto::kLL: return kernel_of<Proto::kLL>(c, dtype);
+    case Proto::kSentinel: return kernel_of<Proto::kSentinel>(c, dtype);
+    case Proto::kBarrier: return kernel_of<Proto::kBarrier>(c, dtype);
   }
   return nullptr;
 }
@@ -230,12 +260,12 @@ cudaError_t launch_gather_scatter(Collective c, Algorithm algorithm, DType dtype
 std::vector<const void*> gather_scatter_kernel_functions() {
   std::vector<const void*> out;
   for (Collective c : {Collective::kAllGather, Collective::kReduceScatter}) {
-    for (Algorithm a : {Algorithm::kOneShotLL, Algorithm::kOneShotBarrier}) {
-      for (DType d : {DType::kF32, DType::kBF16}) {  // (one of each element size)
-        if (const void* fn = kernel_for(c, a, d)) out.push_back(fn);
-      }
-      if (c == Collective::kReduceScatter) {
-        for (DType d : {DType::kF16, DType::kI32}) out.push_back(kernel_for(c, a, d));
+    for (Algorithm a : {Algorithm::kOneShotLL, Algorithm::kOneShotSentinel,
+                        Algorithm::kOneShotBarrier}) {
+      for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
+        const void* fn = kernel_for(c, a, d);
+        // (the bit-moving gathers serve several dtypes with one kernel)
+        if (fn != nullptr && std::find(out.begin(), out.end(), fn) == out.end()) out.push_back(fn);
       }
     }
   }

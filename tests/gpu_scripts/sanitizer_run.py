@@ -50,16 +50,19 @@ for n in ranks:
     except RuntimeError as e:
       print(n, "rmsnorm", dtype, hidden, e, flush=True)
       bad += 1
-  # all-gather (2) and reduce-scatter (3), both protocols, several rounds of
-  # pieces (4 KiB of scratch): each output checked against numpy here
+  # all-gather (2) and reduce-scatter (3), the three protocols, several rounds
+  # of pieces (4 KiB of scratch): each output checked against numpy here (small
+  # integers, in float32 for the sentinel protocol, which has no int32 kernel)
   for coll in (2, 3):
-    for alg in ("oneshot_ll", "oneshot_barrier"):
+    for alg in ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier"):
+      dt = np.float32 if alg == "oneshot_sentinel" else np.int32
       for count in (5, 3001):
         xg = np.random.default_rng(count).integers(-100, 100, size=(n, n if coll == 3 else 1, count))
-        xg = xg.astype(np.int32)
+        xg = xg.astype(dt)
         y, err = ext.virtual_gather_scatter(comm, coll, algorithms.SPECS[alg].code,
-                                            algorithms.DTYPE_CODES["int32"], xg.tobytes(), count)
-        y = np.frombuffer(y, np.int32)
+                                            algorithms.DTYPE_CODES[np.dtype(dt).name],
+                                            xg.tobytes(), count)
+        y = np.frombuffer(y, dt)
         want = (np.tile(xg.reshape(-1), n) if coll == 2 else
                 np.concatenate([xg[:, r].sum(0) for r in range(n)]))
         ok = not err and np.array_equal(y, want)
