@@ -35,12 +35,12 @@ import sys
 
 
 def _times(records: list[dict], mode: str, metric: str, names) -> dict:
-  """{(ranks, dtype): {bytes: {algorithm: time}}} of `mode` records measured
-  with `metric`, for the algorithms in `names`."""
+  """{(ranks, dtype): {bytes: {algorithm: time}}} of `mode` all-reduce records
+  measured with `metric`, for the algorithms in `names`."""
   times: dict[tuple[int, str], dict[int, dict[str, float]]] = {}
   for r in records:
     if (r.get("mode", "virtual") != mode or r.get("status") != "ok" or metric not in r
-        or r["algorithm"] not in names):
+        or r["algorithm"] not in names or r.get("collective", "all_reduce") != "all_reduce"):
       continue
     times.setdefault((r["ranks"], r["dtype"]), {}).setdefault(r["bytes"], {})[
         r["algorithm"]] = r[metric]

@@ -1,6 +1,10 @@
 """``python -m jaxll.bench``: all-reduce latency against message size, jaxll's
 algorithms against each other, against XLA's all-reduce (``jax.lax.psum``) and
 against the hardware's speed of light, measured side by side in one run.
+``--collective all_gather`` or ``psum_scatter`` measures those instead (sizes
+are one rank's piece; their algorithms; XLA's all-gather / reduce-scatter as
+the reference; in the jitted chains a step is the all-gather of w keeping its
+first piece, or the reduce-scatter of n copies of w).
 
 Modes:
   virtual   N virtual ranks on one GPU (``--ranks``, default 8): kernel time per
@@ -45,6 +49,7 @@ import time
 DEFAULT_SIZES = sorted({2 ** k for k in range(3, 29)} | {12, 3000, 100_000})
 QUICK_SIZES = [8, 4096, 65536]
 MODES = ("virtual", "local", "processes")
+COLLECTIVES = ("all_reduce", "all_gather", "psum_scatter")
 _SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
            "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 
@@ -78,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
       formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--mode", choices=MODES, nargs="+", default=["virtual", "local"],
                  help="what to measure (default: both)")
+  p.add_argument("--collective", choices=COLLECTIVES, default="all_reduce",
+                 help="all_reduce (default), all_gather or psum_scatter; for the last two "
+                      "sizes are one rank's piece (the gather's input, the scatter's output)")
   p.add_argument("--ranks", type=int, nargs="+", default=[8],
                  help="virtual ranks per run in virtual mode (default: 8)")
   p.add_argument("--gpus", type=int, nargs="+", default=None,
@@ -127,6 +135,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.chain, args.runs = min(args.chain, 50), min(args.runs, 5)
     args.iters, args.reps = min(args.iters, 50), min(args.reps, 5)
   args.sizes = sorted(set(args.sizes or DEFAULT_SIZES))
+  if args.collective != "all_reduce":
+    from jaxll import gather_scatter
+    wrong = [a for a in args.algorithms or () if a not in gather_scatter.ALGORITHMS]
+    if wrong:
+      p.error(f"--collective {args.collective} takes --algorithms from "
+              f"{list(gather_scatter.ALGORITHMS)}, got {wrong}")
+    args.algorithms = args.algorithms or list(gather_scatter.ALGORITHMS)
   if args.algorithms is None:
     from jaxll import algorithms
     args.algorithms = list(algorithms.ALGORITHMS)
@@ -272,6 +287,49 @@ def measure_sol(args) -> dict:
 
 # --- virtual mode -----------------------------------------------------------------------
 
+def chain_step(collective: str, algorithm: str, n: int):
+  """One step ``w -> w'`` (same shape, one rank's piece) of the jitted chains of
+  local and processes modes, inside shard_map over axis "x" of n devices: the
+  all-reduce; the all-gather of w (tiled), of which the step keeps the first
+  piece; the reduce-scatter of n copies of w (tiled)."""
+  import jax.numpy as jnp
+
+  import jaxll
+  if collective == "all_reduce":
+    return lambda w: jaxll.all_reduce(w, "x", algorithm=algorithm)
+  if collective == "all_gather":
+    return lambda w: jaxll.all_gather(w, "x", tiled=True, algorithm=algorithm)[:w.shape[0]]
+  if collective == "psum_scatter":
+    return lambda w: jaxll.psum_scatter(jnp.tile(w, n), "x", tiled=True, algorithm=algorithm)
+  raise ValueError(f"collective must be one of {COLLECTIVES}, got {collective!r}")
+
+
+def _virtual_gather_scatter(args, n: int, dtype: str, count: int, algo: str) -> dict:
+  """One virtual-mode point of --collective all_gather / psum_scatter: the
+  kernel (auto: its choice) timed, or why not."""
+  import jax
+  import numpy as np
+
+  import jaxll.testing as jt
+  from jaxll import gather_scatter
+  item = np.dtype(jax.numpy.dtype(dtype)).itemsize
+  out = {}
+  kernel = algo
+  if algo == "auto":
+    operand = count * item * (n if args.collective == "psum_scatter" else 1)
+    kernel, why = gather_scatter.choose_auto(args.collective, n, operand)
+    out["auto_choice"] = kernel
+    if kernel == "xla":
+      return dict(out, status="n/a", reason=f"auto picks xla ({why}), which cannot run on "
+                                             "virtual ranks")
+  if kernel == "oneshot_sentinel" and dtype == "int32":
+    return dict(out, status="n/a", reason="no sentinel kernel for int32")
+  samples = jt.gather_scatter_time_us(n, count * item, collective=args.collective,
+                                      algorithm=kernel, dtype=dtype, iters=args.iters,
+                                      reps=args.reps)
+  return dict(out, status="ok", kernel_us=statistics.median(samples), kernel_us_samples=samples)
+
+
 def bench_virtual(args, n: int, progress) -> list[dict]:
   import jax
   import numpy as np
@@ -290,8 +348,14 @@ def bench_virtual(args, n: int, progress) -> list[dict]:
         if algo == algorithms.XLA:
           continue  # XLA's all-reduce cannot run on virtual ranks
         rec = {"mode": "virtual", "ranks": n, "dtype": dtype, "bytes": count * item,
-               "algorithm": algo}
+               "algorithm": algo, "collective": args.collective}
         progress(rec)
+        if args.collective != "all_reduce":
+          rec.update(_virtual_gather_scatter(args, n, dtype, count, algo))
+          if rec["status"] == "ok":
+            rec.update(floor_us=floor, above_floor_us=rec["kernel_us"] - floor)
+          records.append(rec)
+          continue
         kernel = algo
         if algo == algorithms.AUTO:
           kernel, why = algorithms.choose_auto(n, count * item, np.dtype(jax.numpy.dtype(dtype)), "sum")
@@ -356,15 +420,16 @@ def _bench_local_mesh(args, progress, gpus) -> list[dict]:
           NamedSharding(mesh, P("x")))
       for algo in args.algorithms:
         rec = {"mode": "local", "ranks": n, "dtype": dtype, "bytes": count * dt.itemsize,
-               "algorithm": algo}
+               "algorithm": algo, "collective": args.collective}
         progress(rec)
+        step = chain_step(args.collective, algo, n)
 
-        def body(v, algo=algo):
+        def body(v, step=step):
           # v + (psum of v): the added local term keeps each step's input
           # non-replicated, so XLA cannot turn a psum of a psum into a multiply.
           w = v
           for _ in range(args.chain):
-            w = v + jaxll.all_reduce(w, "x", algorithm=algo)
+            w = v + step(w)
           return w
 
         f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")),
@@ -429,6 +494,7 @@ def bench_processes(args, progress) -> list[dict]:
           env={"JAXLL_AUTO_MAX_BYTES": str(1 << 40), "NCCL_NVLS_ENABLE": "0",
                "XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
           args=["--sizes", *map(str, args.sizes), "--algorithms", *names, "--dtype", dtype,
+                "--collective", args.collective,
                 "--chain", str(args.chain), "--runs", str(args.runs), "--reps", str(args.reps)])
       results = [w.result for w in workers]
       for nbytes in args.sizes:
@@ -437,7 +503,8 @@ def bench_processes(args, progress) -> list[dict]:
           per_proc = [r["us"][f"{nbytes}:{algo}"] for r in results]
           us = statistics.median(per_proc)
           records.append({"mode": "processes", "ranks": n, "dtype": dtype, "bytes": nbytes,
-                          "algorithm": algo, "status": "ok", "jit_us": us,
+                          "algorithm": algo, "collective": args.collective,
+                          "status": "ok", "jit_us": us,
                           "jit_us_per_process": per_proc, "floor_us": floor,
                           "above_floor_us": us - floor, "mps": workers[0].mps,
                           "path": results[0]["paths"][f"{nbytes}:{algo}"]})
@@ -512,6 +579,9 @@ def format_table(records: list[dict], sol: dict | None, args=None) -> str:
     for pair, v in sol.get("pairs", {}).items():
       lines.append(f"  GPU pair {pair}: ping-pong one way {v['pingpong_one_way_us']:.3f} us, "
                    f"SoL {v['sol_us']:.3f} us")
+  colls = sorted({r.get("collective", "all_reduce") for r in records})
+  if colls:
+    lines.append(f"collective: {', '.join(colls)}")
   lines.append("kernel us: virtual ranks, CUDA graph of many calls; per call us: jitted chain, "
                + (steady_method(args) if args else "steady state")
                + "; above floor: minus the graph-node floor (virtual) or the custom-call floor "

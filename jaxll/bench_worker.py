@@ -2,8 +2,9 @@
 
 Every process joins jax.distributed; on the global mesh (one device per process)
 it times, for each size and algorithm, a jitted shard_map chain of dependent
-steps ``w = v + all_reduce(w)`` in steady state (see jaxll.bench), and the same
-chain with jaxll's empty-kernel custom call in place of the all-reduce (the
+steps ``w = v + all_reduce(w)`` (or the all-gather / reduce-scatter step of
+``jaxll.bench.chain_step``) in steady state (see jaxll.bench), and the same
+chain with jaxll's empty-kernel custom call in place of the collective (the
 custom-call floor of that setting). The programs are timed in interleaved
 repetitions, so drifts hit all of them alike. Reports per-process medians.
 
@@ -18,6 +19,7 @@ def main() -> None:
   p.add_argument("--sizes", type=int, nargs="+", required=True)
   p.add_argument("--algorithms", nargs="+", required=True)
   p.add_argument("--dtype", default="float32")
+  p.add_argument("--collective", default="all_reduce")
   p.add_argument("--chain", type=int, default=200)
   p.add_argument("--runs", type=int, default=20)
   p.add_argument("--reps", type=int, default=9)
@@ -32,7 +34,7 @@ def main() -> None:
   from jax.sharding import PartitionSpec as P
 
   import jaxll
-  from jaxll.bench import steady_per_call_us
+  from jaxll.bench import chain_step, steady_per_call_us
 
   n = jax.device_count()
   mesh = jax.make_mesh((n,), ("x",))
@@ -61,7 +63,7 @@ def main() -> None:
         [jax.device_put(local, d) for d in jax.local_devices()])
     programs.append((nbytes, "floor", chain_of(noop), x))
     for algo in opts.algorithms:
-      f = chain_of(lambda w, a=algo: jaxll.all_reduce(w, "x", algorithm=a))
+      f = chain_of(chain_step(opts.collective, algo, n))
       paths[f"{nbytes}:{algo}"] = jaxll.explain(f, x)[0].algorithm
       programs.append((nbytes, algo, f, x))
   # Compile everything, meet, then run: no process loads a module while its

@@ -265,3 +265,44 @@ def test_tune_auto_from_local_measures_the_crossover(tmp_path):
   finally:
     algorithms.set_auto_table(None)
 
+
+
+def test_collective_argument_and_its_algorithms(capsys):
+  args = bench.parse_args(["--collective", "all_gather"])
+  from jaxll import gather_scatter
+  assert args.algorithms == list(gather_scatter.ALGORITHMS)
+  with pytest.raises(SystemExit):
+    bench.parse_args(["--collective", "psum_scatter", "--algorithms", "twoshot_ll"])
+  assert "--collective psum_scatter takes --algorithms from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("collective", ["all_gather", "psum_scatter"])
+def test_local_mode_times_gather_and_scatter_chains(cpu_devices, collective):
+  # local mode's chains of the other collectives on CPU devices (XLA's
+  # collectives there); the chain step keeps one rank's piece
+  args = bench.parse_args(["--mode", "local", "--gpus", "4", "--sizes", "8", "4K",
+                           "--collective", collective, "--algorithms", "xla", "auto",
+                           "--chain", "2", "--reps", "1"])
+  records = bench.bench_local(args, lambda rec: None, cpu_devices)
+  assert [(r["bytes"], r["algorithm"]) for r in records] == [
+      (b, a) for b in (8, 4096) for a in ("xla", "auto")]
+  for r in records:
+    assert r["status"] == "ok" and r["collective"] == collective and r["jit_us"] > 0
+    assert r["path"] == "xla" and r["speedup_vs_psum"] > 0
+  assert "collective: " + collective in bench.format_table(records, None, args)
+
+
+def test_chain_steps_keep_the_piece_and_compute_the_collective(cpu_devices):
+  import jax
+  import numpy as np
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+  mesh = jax.make_mesh((4,), ("x",), devices=cpu_devices[:4])
+  x = jax.device_put(np.arange(4 * 3, dtype=np.float32), NamedSharding(mesh, P("x")))
+  run = lambda c: np.asarray(jax.jit(jax.shard_map(bench.chain_step(c, "auto", 4), mesh=mesh,
+                                                   in_specs=P("x"), out_specs=P("x")))(x))
+  np.testing.assert_array_equal(run("all_gather"), np.tile(np.arange(3, dtype=np.float32), 4))
+  whole = np.arange(12, dtype=np.float32).reshape(4, 3).sum(0)  # every rank's w, summed
+  # (n copies of w summed over the ranks: every piece of the sum is `whole`)
+  np.testing.assert_array_equal(run("psum_scatter"), np.tile(whole, 4))
+  np.testing.assert_array_equal(run("all_reduce"), np.tile(whole, 4))
