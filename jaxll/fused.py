@@ -7,7 +7,8 @@ one-shot LL16 path (``ffi/kernels/all_reduce_rmsnorm.cu``); ``algorithm="auto"``
 (the default) takes it where it was measured faster: at most
 ``FUSED_AUTO_MAX_BYTES`` (128 KiB) of ``x`` per rank, a decode step's few tokens
 (1-8 tokens at hidden 8192 in bfloat16; ``benchmarks/README.md``, "Fused
-all-reduce + RMSNorm"). Otherwise, or with a jaxll.all_reduce algorithm
+all-reduce + RMSNorm"), unless jaxll.all_reduce's auto would leave that
+all-reduce to XLA (a group of one device, ``JAXLL_AUTO_MAX_BYTES``). Otherwise, or with a jaxll.all_reduce algorithm
 named, it is the composition of :func:`jaxll.all_reduce` (its kernels, its
 auto choice, its XLA fallback) and the norm math, which XLA fuses into one
 kernel of its own. Wherever the fused kernel cannot serve a call (CPU, no
@@ -23,10 +24,13 @@ import numpy as np
 from jax._src import core
 from jax._src.interpreters import batching, mlir
 
-from jaxll import call_sites, lowering
+from jaxll import algorithms, call_sites, lowering
 from jaxll.all_reduce import _check_axes_bound, _normalize_axes, all_reduce
 
 FUSED = "fused"
+# (the primitive's `requested` for a call that must take the composition: auto
+# under vmap with more rows than FUSED_AUTO_MAX_BYTES)
+COMPOSED = "composed"
 # algorithm="auto" takes the fused kernel up to this many bytes of x per rank.
 # Measured on one H200 with 2 and 8 processes sharing it (bfloat16, hidden 4096
 # and 8192): 1.17-1.65x faster than the composition from 8 KiB to 128 KiB,
@@ -147,8 +151,11 @@ def _batch(axis_data, vals_in, dims_in, *, axes, eps, requested, site):
   x, residual, weight = vals_in
   dx, dr, dw = dims_in
   rows_bytes = int(np.prod(x.shape)) * x.dtype.itemsize * (axis_data.size if dx is None else 1)
-  too_big = requested == "auto" and rows_bytes > FUSED_AUTO_MAX_BYTES
-  if dw is not None or axis_data.name in axes or too_big:
+  if requested == "auto" and rows_bytes > FUSED_AUTO_MAX_BYTES:
+    requested = COMPOSED  # (more rows than auto gives the kernel: the same primitive, composed)
+  if dw is not None or axis_data.name in axes:
+    # (the all-reduce of this composition is traced here, where JAX's traceback
+    # lacks the caller's frames: jaxll.explain names its site "unknown")
     outs = jax.vmap(lambda a, r, w: _composed(a, r, w, axes, eps=eps, algorithm="auto"),
                     in_axes=(dx, dr, dw), axis_name=axis_data.name,
                     axis_size=axis_data.size)(x, residual, weight)
@@ -175,7 +182,17 @@ def _composed_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
 
 def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
   aval = ctx.avals_in[0]
+  if requested == COMPOSED:  # (its all-reduce records the call site)
+    return _composed_lowering(ctx, x, residual, weight, axes=axes, eps=eps,
+                              requested=requested, site=site)
   ws, group_size, reason = lowering.workspace_for(ctx, axes)
+  if ws and requested == "auto":
+    # where jaxll.all_reduce's auto would leave the all-reduce to XLA (a group
+    # of one, JAXLL_AUTO_MAX_BYTES), so does this
+    nbytes = int(aval.size) * np.dtype(aval.dtype).itemsize
+    choice, why = algorithms.choose_auto(group_size, nbytes, np.dtype(aval.dtype), "sum")
+    if choice == algorithms.XLA:
+      ws, reason = 0, f"auto: {why}"
   hidden = aval.shape[-1] if aval.shape else 0
   if ws and np.dtype(aval.dtype) not in _FLOATS:
     ws, reason = 0, f"no fused kernel for {np.dtype(aval.dtype)}"

@@ -13,6 +13,7 @@ import dataclasses
 import math
 import os
 import sys
+import threading
 
 import jax
 import numpy as np
@@ -58,16 +59,22 @@ def _platforms(ctx) -> tuple[str, ...]:
   return tuple(platforms)
 
 
-# Call sites named by a wrapper whose own primitive lowers jaxll calls (a stack;
-# see call_site()): JAX does not keep the caller's frames in every traceback
+# Call sites named by a wrapper whose own primitive lowers jaxll calls (a stack
+# per thread; see call_site()): JAX does not keep the caller's frames in every traceback
 # (not in a custom_jvp's body, for one), so such a wrapper records the site
 # when it is called and hands it to the lowerings under it.
-_named_sites: list[str] = []
+_named = threading.local()  # .sites: this thread's stack
+
+
+def _named_sites() -> list[str]:
+  if not hasattr(_named, "sites"):
+    _named.sites = []
+  return _named.sites
 
 
 def _site(ctx) -> str:
-  if _named_sites:
-    return _named_sites[-1]
+  if _named_sites():
+    return _named_sites()[-1]
   tb = getattr(ctx, "traceback", None)
   frames = list(getattr(tb, "frames", None) or ())
   return _site_of((fr.file_name, fr.line_num, fr.function_name) for fr in frames)
@@ -91,11 +98,12 @@ def call_site(site: str | None):
   if site is None:
     yield
     return
-  _named_sites.append(site)
+  stack = _named_sites()
+  stack.append(site)
   try:
     yield
   finally:
-    _named_sites.pop()
+    stack.pop()
 
 
 def _site_of(frames) -> str:

@@ -317,3 +317,21 @@ def test_auto_under_vmap_counts_the_batched_rows(mesh, monkeypatch, batch, fused
   text = f.trace(*_put(mesh, x, r, w)).lower(lowering_platforms=("cuda",)).as_text()
   assert ("jaxll_all_reduce_rmsnorm" in text) == fused
   assert ("@jaxll_all_reduce(" in text) == (not fused)
+  site = jaxll.recent_call_sites()[-1]  # the kernel's, or the composition's all-reduce
+  assert site.site.startswith("test_fused_cpu.py:") and "<lambda>" in site.site, site
+
+
+@pytest.mark.parametrize("group,max_bytes", [(1, None), (8, "0")])
+def test_auto_leaves_to_xla_what_all_reduce_auto_would(mesh, monkeypatch, group, max_bytes):
+  # a group of one device, or JAXLL_AUTO_MAX_BYTES below the call: the
+  # composition (its all-reduce then decides), not the fused kernel
+  if max_bytes is not None:
+    monkeypatch.setenv("JAXLL_AUTO_MAX_BYTES", max_bytes)
+  from jaxll import lowering
+  monkeypatch.setattr(lowering, "workspace_for", lambda ctx, axes: (7, group, ""))
+  x, residual, weight = _inputs(np.float32, hidden=64)
+  f = _shard(mesh, lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp"), True)
+  text = f.trace(*_put(mesh, x, residual, weight)).lower(lowering_platforms=("cuda",)).as_text()
+  assert "jaxll_all_reduce_rmsnorm" not in text
+  site = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"][-1]
+  assert site.algorithm == "xla+composed" and site.reason.startswith("auto: "), site

@@ -325,3 +325,30 @@ def test_codes_come_from_the_extension_and_name_every_signature():
       for op, ocode in codes["ops"].items():
         text = ext.describe_signature(ext.call_signature(spec.code, dcode, ocode, 1000))
         assert text == (f"all_reduce of 1000 {dtype} elements, op {op}, algorithm {name}"), text
+
+
+def test_a_named_call_site_belongs_to_its_thread():
+  # lowering.call_site(...) names the site of the lowerings inside it on its own
+  # thread only; another thread lowering meanwhile keeps its own sites
+  import threading
+  from jaxll import lowering
+  inside, release, seen = threading.Event(), threading.Event(), {}
+
+  def other():
+    with lowering.call_site("other.py:1 (layer)"):
+      seen["other"] = lowering._site(None)
+      inside.set()
+      release.wait(10)
+
+  t = threading.Thread(target=other)
+  t.start()
+  try:
+    assert inside.wait(10)
+    seen["main"] = lowering._site(None)  # (no traceback: no frames of its own)
+    with lowering.call_site("main.py:2 (block)"):
+      seen["main named"] = lowering._site(None)
+  finally:
+    release.set()
+    t.join(10)
+  assert seen == {"other": "other.py:1 (layer)", "main": "unknown",
+                  "main named": "main.py:2 (block)"}
