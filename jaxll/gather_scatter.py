@@ -292,33 +292,47 @@ def _xla_rule(prim, ctx):
   return mlir._lowerings[prim].rule
 
 
+def choose_auto(op: str, group_size: int, nbytes: int) -> tuple[str, str]:
+  """(algorithm, reason) of ``algorithm="auto"`` for an operand of ``nbytes``
+  per rank that a kernel can serve: the LL16 kernel while every rank reads at
+  most jaxll.all_reduce's auto crossover (the gathered result, or the input
+  it sums), else XLA's collective."""
+  if group_size == 1:
+    return "xla", "auto: group of one device (a copy)"
+  moved = nbytes * (group_size if op == "all_gather" else 1)
+  limit = algorithms.auto_max_bytes(group_size)
+  if moved > limit:
+    return "xla", f"auto: {moved} bytes per rank > auto crossover {limit} bytes"
+  return "oneshot_ll", (f"auto: {moved} bytes per rank <= auto crossover {limit} bytes "
+                        f"(LL16 measured faster than the barrier kernel)")
+
+
 def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, str, str]:
   """(workspace id, kernel algorithm, reason): the kernel's workspace, or 0 for
   XLA's collective."""
   if algorithm == "xla":
     return 0, "xla", "algorithm='xla' requested"
   aval = ctx.avals_in[0]
-  ws, size, problem = lowering.workspace_for(ctx, axes)
-  if not problem:
-    if np.dtype(aval.dtype).name not in _KERNEL_DTYPES:
-      problem = f"no {op} kernel for {np.dtype(aval.dtype)}"
-    elif dim != 0:
-      problem = (f"the kernel {'gathers along axis' if op == 'all_gather' else 'scatters dimension'}"
-                 f" 0 only, not {dim}")
-    elif aval.size == 0:
-      problem = "empty array"
+  problem = ""
+  if np.dtype(aval.dtype).name not in _KERNEL_DTYPES:
+    problem = f"no {op} kernel for {np.dtype(aval.dtype)}"
+  elif dim != 0:
+    problem = (f"the kernel {'gathers along axis' if op == 'all_gather' else 'scatters dimension'}"
+               f" 0 only, not {dim}")
+  elif aval.size == 0:
+    problem = "empty array"
   if algorithm == "auto":
     if problem:
       return 0, "xla", f"auto: {problem}"
-    if size == 1:
-      return 0, "xla", "auto: group of one device (a copy)"
-    # the bytes every rank reads: the gathered result, or the input it sums
-    moved = int(aval.size) * np.dtype(aval.dtype).itemsize * (size if op == "all_gather" else 1)
-    limit = algorithms.auto_max_bytes(size)
-    if moved > limit:
-      return 0, "xla", f"auto: {moved} bytes per rank > auto crossover {limit} bytes"
-    return ws, "oneshot_ll", (f"auto: {moved} bytes per rank <= auto crossover {limit} bytes "
-                              f"(LL16 measured faster than the barrier kernel)")
+    # (the size before the workspace: a call that goes to XLA builds none)
+    kernel, reason = choose_auto(op, lowering.group_size(ctx, axes),
+                                 int(aval.size) * np.dtype(aval.dtype).itemsize)
+    if kernel == "xla":
+      return 0, "xla", reason
+    ws, _, problem = lowering.workspace_for(ctx, axes)
+    return (0, "xla", f"auto: {problem}") if problem else (ws, kernel, reason)
+  if not problem:
+    ws, _, problem = lowering.workspace_for(ctx, axes)
   if problem:
     raise AlgorithmUnavailableError(
         f"jaxll.{op}(algorithm={algorithm!r}) cannot serve the call at {lowering._site(ctx)} "
