@@ -185,14 +185,17 @@ def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
   if requested == COMPOSED:  # (its all-reduce records the call site)
     return _composed_lowering(ctx, x, residual, weight, axes=axes, eps=eps,
                               requested=requested, site=site)
-  ws, group_size, reason = lowering.workspace_for(ctx, axes)
-  if ws and requested == "auto":
+  group_size = lowering.group_size(ctx, axes)
+  choice, why = algorithms.XLA, ""
+  if requested == "auto":
     # where jaxll.all_reduce's auto would leave the all-reduce to XLA (a group
-    # of one, JAXLL_AUTO_MAX_BYTES), so does this
+    # of one, JAXLL_AUTO_MAX_BYTES), so does this, before building a workspace
     nbytes = int(aval.size) * np.dtype(aval.dtype).itemsize
     choice, why = algorithms.choose_auto(group_size, nbytes, np.dtype(aval.dtype), "sum")
-    if choice == algorithms.XLA:
-      ws, reason = 0, f"auto: {why}"
+  if requested == "auto" and choice == algorithms.XLA:
+    ws, reason = 0, f"auto: {why}"
+  else:
+    ws, group_size, reason = lowering.workspace_for(ctx, axes)
   hidden = aval.shape[-1] if aval.shape else 0
   if ws and np.dtype(aval.dtype) not in _FLOATS:
     ws, reason = 0, f"no fused kernel for {np.dtype(aval.dtype)}"

@@ -323,21 +323,27 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, s
   if algorithm == "xla":
     return 0, "xla", "algorithm='xla' requested"
   aval = ctx.avals_in[0]
-  ws, size, problem = lowering.workspace_for(ctx, axes)
-  if not problem:
-    dtypes = _SENTINEL_DTYPES if algorithm == "oneshot_sentinel" else _KERNEL_DTYPES
-    if np.dtype(aval.dtype).name not in dtypes:
-      problem = f"no {op} kernel for {np.dtype(aval.dtype)}"
-    elif dim != 0:
-      problem = (f"the kernel {'gathers along axis' if op == 'all_gather' else 'scatters dimension'}"
-                 f" 0 only, not {dim}")
-    elif aval.size == 0:
-      problem = "empty array"
+  problem = ""
+  dtypes = _SENTINEL_DTYPES if algorithm == "oneshot_sentinel" else _KERNEL_DTYPES
+  if np.dtype(aval.dtype).name not in dtypes:
+    problem = f"no {op} kernel for {np.dtype(aval.dtype)}"
+  elif dim != 0:
+    problem = (f"the kernel {'gathers along axis' if op == 'all_gather' else 'scatters dimension'}"
+               f" 0 only, not {dim}")
+  elif aval.size == 0:
+    problem = "empty array"
   if algorithm == "auto":
     if problem:
       return 0, "xla", f"auto: {problem}"
-    kernel, reason = choose_auto(op, size, int(aval.size) * np.dtype(aval.dtype).itemsize)
-    return (ws if kernel != "xla" else 0), kernel, reason
+    # (the size before the workspace: a call that goes to XLA builds none)
+    kernel, reason = choose_auto(op, lowering.group_size(ctx, axes),
+                                 int(aval.size) * np.dtype(aval.dtype).itemsize)
+    if kernel == "xla":
+      return 0, "xla", reason
+    ws, _, problem = lowering.workspace_for(ctx, axes)
+    return (0, "xla", f"auto: {problem}") if problem else (ws, kernel, reason)
+  if not problem:
+    ws, _, problem = lowering.workspace_for(ctx, axes)
   if problem:
     raise AlgorithmUnavailableError(
         f"jaxll.{op}(algorithm={algorithm!r}) cannot serve the call at {lowering._site(ctx)} "

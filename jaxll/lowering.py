@@ -160,13 +160,7 @@ def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
           f"{_site(ctx)} ({aval.str_short()} over {axes}): {reason}")
     return Decision(algorithms.XLA, reason, 0, group_size)
 
-  mesh = getattr(ctx.module_context.axis_context, "mesh", None)
-  if mesh is not None and not hasattr(mesh, "devices"):
-    mesh = None
-  try:
-    groups = reduction_groups(mesh, axes) if mesh is not None else None
-  except ValueError:  # an axis that is not the mesh's (a vmap axis)
-    groups = None
+  mesh, groups = _mesh_groups(ctx, axes)
   n = len(groups[0]) if groups else 0
   if requested == algorithms.XLA:
     return Decision(algorithms.XLA, "algorithm='xla' requested", 0, n)
@@ -229,18 +223,32 @@ def _workspace_for_groups(groups) -> tuple[int, str]:
   return ws.id, ""
 
 
-def workspace_for(ctx, axes: tuple) -> tuple[int, int, str]:
-  """(workspace id, group size, reason) for a collective over the mesh axes
-  `axes` in the program `ctx` lowers: the id of the workspace jaxll's own
-  calls over those axes use (built on first use), or 0 and the reason no
-  kernel can serve them (then lower to XLA's collectives instead)."""
+def _mesh_groups(ctx, axes: tuple):
+  """(the concrete mesh of the program `ctx` lowers or None, its reduction
+  groups over `axes` or None)."""
   mesh = getattr(ctx.module_context.axis_context, "mesh", None)
   if mesh is not None and not hasattr(mesh, "devices"):
     mesh = None
   try:
     groups = reduction_groups(mesh, axes) if mesh is not None else None
-  except ValueError:
+  except ValueError:  # an axis that is not the mesh's (a vmap axis)
     groups = None
+  return mesh, groups
+
+
+def group_size(ctx, axes: tuple) -> int:
+  """Devices per reduction group over `axes` (0 if unknown at lowering time),
+  without building a workspace."""
+  groups = _mesh_groups(ctx, axes)[1]
+  return len(groups[0]) if groups else 0
+
+
+def workspace_for(ctx, axes: tuple) -> tuple[int, int, str]:
+  """(workspace id, group size, reason) for a collective over the mesh axes
+  `axes` in the program `ctx` lowers: the id of the workspace jaxll's own
+  calls over those axes use (built on first use), or 0 and the reason no
+  kernel can serve them (then lower to XLA's collectives instead)."""
+  mesh, groups = _mesh_groups(ctx, axes)
   n = len(groups[0]) if groups else 0
   if settings.disabled():
     return 0, n, "JAXLL_DISABLE is set"

@@ -328,10 +328,14 @@ def test_auto_leaves_to_xla_what_all_reduce_auto_would(mesh, monkeypatch, group,
   if max_bytes is not None:
     monkeypatch.setenv("JAXLL_AUTO_MAX_BYTES", max_bytes)
   from jaxll import lowering
-  monkeypatch.setattr(lowering, "workspace_for", lambda ctx, axes: (7, group, ""))
+  monkeypatch.setattr(lowering, "group_size", lambda ctx, axes: group)
+  made = []  # (auto decides before it builds a workspace)
+  monkeypatch.setattr(lowering, "workspace_for",
+                      lambda ctx, axes: made.append(axes) or (7, group, ""))
   x, residual, weight = _inputs(np.float32, hidden=64)
   f = _shard(mesh, lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp"), True)
   text = f.trace(*_put(mesh, x, residual, weight)).lower(lowering_platforms=("cuda",)).as_text()
   assert "jaxll_all_reduce_rmsnorm" not in text
   site = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"][-1]
   assert site.algorithm == "xla+composed" and site.reason.startswith("auto: "), site
+  assert site.workspace == 0 and not made, made

@@ -228,7 +228,10 @@ def test_auto_takes_the_ll_kernel_within_the_crossover(mesh1, monkeypatch, op, s
   # crossover is all_reduce's (JAXLL_AUTO_MAX_BYTES pins it here)
   from jaxll import lowering
   monkeypatch.setenv("JAXLL_AUTO_MAX_BYTES", str(1 << 20))
-  monkeypatch.setattr(lowering, "workspace_for", lambda ctx, axes: (7, group, ""))
+  monkeypatch.setattr(lowering, "group_size", lambda ctx, axes: group)
+  made = []  # (auto decides the size before it builds a workspace)
+  monkeypatch.setattr(lowering, "workspace_for",
+                      lambda ctx, axes: made.append(axes) or (7, group, ""))
   fn = {"all_gather": lambda v: jaxll.all_gather(v, "tp", tiled=True),
         "psum_scatter": lambda v: jaxll.psum_scatter(v, "tp", tiled=True)}[op]
   x = _put(mesh1, np.zeros((8 * shape[0],) + shape[1:], dtype), P("tp"))
@@ -237,6 +240,7 @@ def test_auto_takes_the_ll_kernel_within_the_crossover(mesh1, monkeypatch, op, s
   site = [s for s in jaxll.recent_call_sites() if s.op == op][-1]
   assert site.algorithm == want and site.reason.startswith("auto: "), site
   assert ("jaxll_gather_scatter" in text) == (want != "xla")
+  assert bool(made) == (want != "xla"), made
   if want != "xla":
     from jaxll import algorithms
     assert f"algorithm = {algorithms.SPECS['oneshot_ll'].code} : i64" in text, text[-3000:]
