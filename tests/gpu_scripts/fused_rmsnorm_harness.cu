@@ -11,6 +11,7 @@
 // points (entry, epochs reserved, row reduced, row's sum of squares known, norm
 // written, end); medians of the intervals over blocks, ranks and 200 calls (each
 // synchronized, so the "reduced" interval includes the ranks' launch skew).
+// HARNESS_SHAPES="16x8192,8x8192" sets its shapes (default six decode shapes).
 // With -DHARNESS_WITH_ALL_REDUCE and the all-reduce kernel files added
 // (all_reduce.cu all_reduce_oneshot.cu all_reduce_twoshot.cu
 // all_reduce_twoshot_atomic.cu, beside all_reduce_rmsnorm.cu and launch.cu),
@@ -47,6 +48,7 @@
 #include <vector>
 #include <cstddef>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <thread>
 
@@ -523,7 +525,23 @@ int main(int argc, char** argv) {
 #ifdef JAXLL_FUSED_PHASES
   if (m == "phases") {
     constexpr int kPhases6 = 6;
-    const int64_t shapes[5][2] = {{1, 4096}, {8, 4096}, {1, 8192}, {8, 8192}, {32, 8192}};
+    // HARNESS_SHAPES="16x8192,8x8192" picks the shapes (tokens x hidden)
+    std::vector<std::array<int64_t, 2>> shapes = {{1, 4096}, {8, 4096}, {1, 8192}, {8, 8192},
+                                                  {16, 8192}, {32, 8192}};
+    if (const char* e = std::getenv("HARNESS_SHAPES")) {
+      shapes.clear();
+      for (const char* q = e; *q;) {
+        long t = 0, h = 0;
+        int used = 0;
+        if (std::sscanf(q, "%ldx%ld%n", &t, &h, &used) != 2 || t < 1 || h < 1) {
+          fprintf(stderr, "HARNESS_SHAPES: expected TOKENSxHIDDEN,..., got %s\n", e);
+          return 2;
+        }
+        shapes.push_back({t, h});
+        q += used;
+        if (*q == ',') ++q;
+      }
+    }
     const char* names[5] = {"entry->epochs", "epochs->reduced", "reduced->sumsq", "sumsq->normed",
                             "normed->end"};
     for (int n : {2, 8}) {
