@@ -300,7 +300,10 @@ def chain_step(collective: str, algorithm: str, n: int):
   if collective == "all_gather":
     return lambda w: jaxll.all_gather(w, "x", tiled=True, algorithm=algorithm)[:w.shape[0]]
   if collective == "psum_scatter":
-    return lambda w: jaxll.psum_scatter(jnp.tile(w, n), "x", tiled=True, algorithm=algorithm)
+    # n copies of w along its first axis (w may have any rank: the processes
+    # mode's w is (1, count)); the tiled reduce-scatter gives back w's shape.
+    return lambda w: jaxll.psum_scatter(jnp.concatenate([w] * n, axis=0), "x", tiled=True,
+                                        algorithm=algorithm)
   raise ValueError(f"collective must be one of {COLLECTIVES}, got {collective!r}")
 
 
@@ -324,8 +327,11 @@ def _virtual_gather_scatter(args, n: int, dtype: str, count: int, algo: str) -> 
                                              "virtual ranks")
   if kernel == "oneshot_sentinel" and dtype == "int32":
     return dict(out, status="n/a", reason="no sentinel kernel for int32")
+  # Fewer calls per graph for large pieces, as for the all-reduce: about
+  # 256 MiB moved per graph (each rank reads n pieces of count items).
+  iters = max(3, min(args.iters, (256 << 20) // max(1, count * item * n * n)))
   samples = jt.gather_scatter_time_us(n, count * item, collective=args.collective,
-                                      algorithm=kernel, dtype=dtype, iters=args.iters,
+                                      algorithm=kernel, dtype=dtype, iters=iters,
                                       reps=args.reps)
   return dict(out, status="ok", kernel_us=statistics.median(samples), kernel_us_samples=samples)
 
@@ -500,14 +506,18 @@ def bench_processes(args, progress) -> list[dict]:
       for nbytes in args.sizes:
         floor = statistics.median(r["us"][f"{nbytes}:floor"] for r in results)
         for algo in names:
+          rec = {"mode": "processes", "ranks": n, "dtype": dtype, "bytes": nbytes,
+                 "algorithm": algo, "collective": args.collective}
+          path = results[0]["paths"][f"{nbytes}:{algo}"]
+          if path.startswith("n/a: "):  # the worker could not build this program
+            records.append(dict(rec, status="n/a", reason=path[5:].split(": ", 1)[-1]))
+            continue
           per_proc = [r["us"][f"{nbytes}:{algo}"] for r in results]
           us = statistics.median(per_proc)
-          records.append({"mode": "processes", "ranks": n, "dtype": dtype, "bytes": nbytes,
-                          "algorithm": algo, "collective": args.collective,
-                          "status": "ok", "jit_us": us,
+          records.append({**rec, "status": "ok", "jit_us": us,
                           "jit_us_per_process": per_proc, "floor_us": floor,
                           "above_floor_us": us - floor, "mps": workers[0].mps,
-                          "path": results[0]["paths"][f"{nbytes}:{algo}"]})
+                          "path": path})
   return records
 
 

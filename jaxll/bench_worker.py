@@ -64,7 +64,11 @@ def main() -> None:
     programs.append((nbytes, "floor", chain_of(noop), x))
     for algo in opts.algorithms:
       f = chain_of(chain_step(opts.collective, algo, n))
-      paths[f"{nbytes}:{algo}"] = jaxll.explain(f, x)[0].algorithm
+      try:
+        paths[f"{nbytes}:{algo}"] = jaxll.explain(f, x)[0].algorithm
+      except jaxll.AlgorithmUnavailableError as e:  # e.g. no sentinel kernel for int32
+        paths[f"{nbytes}:{algo}"] = f"n/a: {e}"
+        continue
       programs.append((nbytes, algo, f, x))
   # Compile everything, meet, then run: no process loads a module while its
   # peers' kernels already spin on a shared GPU waiting for it.

@@ -292,17 +292,24 @@ def test_local_mode_times_gather_and_scatter_chains(cpu_devices, collective):
   assert "collective: " + collective in bench.format_table(records, None, args)
 
 
-def test_chain_steps_keep_the_piece_and_compute_the_collective(cpu_devices):
+@pytest.mark.parametrize("shape", [(12,), (4, 3)], ids=["1d", "2d"])
+def test_chain_steps_keep_the_piece_and_compute_the_collective(cpu_devices, shape):
+  # 1-D pieces as local mode makes them, 2-D (1, count) pieces as the
+  # processes mode's worker makes them
   import jax
   import numpy as np
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
   mesh = jax.make_mesh((4,), ("x",), devices=cpu_devices[:4])
-  x = jax.device_put(np.arange(4 * 3, dtype=np.float32), NamedSharding(mesh, P("x")))
+  x = jax.device_put(np.arange(4 * 3, dtype=np.float32).reshape(shape),
+                     NamedSharding(mesh, P("x")))
   run = lambda c: np.asarray(jax.jit(jax.shard_map(bench.chain_step(c, "auto", 4), mesh=mesh,
                                                    in_specs=P("x"), out_specs=P("x")))(x))
-  np.testing.assert_array_equal(run("all_gather"), np.tile(np.arange(3, dtype=np.float32), 4))
+  first = np.arange(3, dtype=np.float32)  # rank 0's piece
   whole = np.arange(12, dtype=np.float32).reshape(4, 3).sum(0)  # every rank's w, summed
-  # (n copies of w summed over the ranks: every piece of the sum is `whole`)
-  np.testing.assert_array_equal(run("psum_scatter"), np.tile(whole, 4))
-  np.testing.assert_array_equal(run("all_reduce"), np.tile(whole, 4))
+  # all-gather keeps rank 0's piece on every rank; the reduce-scatter of n
+  # copies of w gives every rank the sum of the pieces, as the all-reduce does
+  for c, want in (("all_gather", first), ("psum_scatter", whole), ("all_reduce", whole)):
+    got = run(c)
+    assert got.shape == shape, c
+    np.testing.assert_array_equal(got.reshape(4, 3), np.tile(want, (4, 1)), err_msg=c)

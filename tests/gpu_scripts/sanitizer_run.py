@@ -1,7 +1,7 @@
 """A small virtual-rank run for compute-sanitizer (memcheck, racecheck, synccheck,
 initcheck; tests/gpu_scripts/sanitizers.sh runs all four).
 The fused all-reduce + residual + RMSNorm kernel runs too (three shapes per N), and
-the all-gather and reduce-scatter kernels (both protocols, two sizes per N).
+the all-gather and reduce-scatter kernels (the LL16, sentinel and barrier kernels, two sizes per N).
 
   compute-sanitizer --tool racecheck python3 tests/gpu_scripts/sanitizer_run.py [CALLS] [RANKS]
 
