@@ -70,11 +70,11 @@ def test_fused_all_reduce_rmsnorm_through_processes(n, mps):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_all_gather_and_psum_scatter_through_processes(n, mps):
-  # jaxll.all_gather / psum_scatter with the one-shot kernels (LL16 and barrier)
+  # jaxll.all_gather / psum_scatter with the one-shot kernels (LL16, sentinel, barrier)
   # against numpy (tests/mp_scripts/gather_scatter_check.py): gathered bits,
   # the scattered piece bitwise the all-reduce's, runs stable.
   script = os.path.join(os.path.dirname(CHECKS), "gather_scatter_check.py")
   workers = launch.run(script, n, timeout=TIMEOUT, env=ENV, mps=mps, devices=["0"] * n)
   for w in workers:
     assert not w.result["errors"], (w.process_id, w.result["errors"])
-    assert w.result["cases"] == 10
+    assert w.result["cases"] == 14  # 5 cases x 3 kernels, less the sentinel's int32 case
