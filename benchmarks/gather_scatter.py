@@ -32,6 +32,7 @@ def main() -> None:
   p.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
   p.add_argument("--sizes", type=int, nargs="+", default=[8, 256, 4096, 65536])
   p.add_argument("--collectives", nargs="+", default=["all_gather", "psum_scatter"])
+  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
   p.add_argument("--iters", type=int, default=400)
   p.add_argument("--reps", type=int, default=9)
   p.add_argument("--passes", type=int, default=3)
@@ -40,7 +41,8 @@ def main() -> None:
   dev = jax.devices("cuda")[0]
   rows = []
   sol = jaxll.bench.probe_sol(dev.local_hardware_id, opts.reps)
-  print(f"# all_gather / psum_scatter kernels on {dev.device_kind}, jax {jax.__version__}; "
+  print(f"# all_gather / psum_scatter kernels on {dev.device_kind}, jax {jax.__version__}, "
+        f"{opts.dtype} pieces of `bytes` per rank; "
         f"kernel minus graph floor, us (median of {opts.passes} x {opts.reps}); speed of light "
         f"{sol['sol_us']:.3f} us (L2 round trip {sol['l2_rtt_us']:.3f}, ping-pong one way "
         f"{sol['pingpong_one_way_us']:.3f})")
@@ -54,11 +56,13 @@ def main() -> None:
           floor_samples += jt.graph_floor_us(n, iters=opts.iters, reps=opts.reps)
           for a in ALGORITHMS:
             samples[a] += jt.gather_scatter_time_us(n, nbytes, collective=coll, algorithm=a,
-                                                    iters=opts.iters, reps=opts.reps)
+                                                    dtype=opts.dtype, iters=opts.iters,
+                                                    reps=opts.reps)
         floor = statistics.median(floor_samples)
         above = {a: statistics.median(samples[a]) - floor for a in ALGORITHMS}
         ratio = above["oneshot_barrier"] / above["oneshot_ll"] if above["oneshot_ll"] > 0 else 0.0
-        rows.append({"ranks": n, "bytes": nbytes, "collective": coll, "floor_us": floor,
+        rows.append({"ranks": n, "bytes": nbytes, "collective": coll, "dtype": opts.dtype,
+                     "floor_us": floor,
                      **{f"{a}_us": above[a] for a in ALGORITHMS}, "barrier_over_ll": ratio})
         print(f"{n:>2} {nbytes:>6} {coll:<13} {above['oneshot_ll']:>10.2f} "
               f"{above['oneshot_sentinel']:>8.2f} {above['oneshot_barrier']:>8.2f} {ratio:>10.2f} "

@@ -320,7 +320,8 @@ def _virtual_gather_scatter(args, n: int, dtype: str, count: int, algo: str) -> 
   kernel = algo
   if algo == "auto":
     operand = count * item * (n if args.collective == "psum_scatter" else 1)
-    kernel, why = gather_scatter.choose_auto(args.collective, n, operand)
+    kernel, why = gather_scatter.choose_auto(args.collective, n, operand,
+                                             jax.numpy.dtype(dtype))
     out["auto_choice"] = kernel
     if kernel == "xla":
       return dict(out, status="n/a", reason=f"auto picks xla ({why}), which cannot run on "

@@ -20,11 +20,14 @@ float32, bfloat16, float16 and int32, gathering along (or scattering)
 dimension 0, and raises AlgorithmUnavailableError elsewhere. Messages of any
 size go in rounds of one scratch region per block, alternating the two
 scratch buffers by epoch parity.
-``"auto"`` takes the LL16 kernel where it can serve and every rank moves at
-most jaxll.all_reduce's auto crossover (``algorithms.auto_max_bytes``: the
+``"auto"`` takes a kernel where one can serve and every rank moves at most
+jaxll.all_reduce's auto crossover (``algorithms.auto_max_bytes``: the
 gathered result, or the scattered input), else XLA's collective (exactly what
-``jax.lax`` emits); on one H200 the LL16 kernel was 2.3-4.7x faster than the
-barrier baseline for pieces of 8 B to 4 KiB (``benchmarks/README.md``); XLA's
+``jax.lax`` emits). Of the kernels it takes LL16 for small pieces and the
+sentinel kernel from the piece size where that one measured faster
+(``SENTINEL_FROM``: per collective, element width and group size); on one H200
+the LL16 kernel was 2.3-4.7x faster than the barrier baseline for pieces of
+8 B to 4 KiB (``benchmarks/README.md``); XLA's
 collectives cannot run on the virtual ranks or the processes sharing one GPU
 that this was measured on, so the crossover to XLA is all_reduce's, not
 measured for these. ``"xla"`` always lowers to XLA's. Every call site is
@@ -119,8 +122,9 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
       ``"oneshot_barrier"``: jaxll's kernel (float32, bfloat16, float16,
       int32, sentinel not int32; ``axis=0``; raises
       AlgorithmUnavailableError where it cannot serve); ``"auto"``: the LL16
-      kernel where it serves and the gathered result is at most the auto
-      crossover, else XLA's all-gather (module docstring); ``"xla"``: XLA's.
+      or sentinel kernel (as measured faster) where one serves and the
+      gathered result is at most the auto crossover, else XLA's all-gather
+      (module docstring); ``"xla"``: XLA's.
   """
   def bind(v, axes, size, constant):
     if constant:
@@ -153,9 +157,9 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Fals
       ``"oneshot_barrier"``: jaxll's kernel (float32, bfloat16, float16,
       int32, sentinel not int32; ``scatter_dimension=0``; the sum
       in rank order, as jaxll.all_reduce; raises AlgorithmUnavailableError
-      where it cannot serve); ``"auto"``: the LL16 kernel where it serves and
-      ``x`` is at most the auto crossover, else XLA's reduce-scatter (module
-      docstring); ``"xla"``: XLA's.
+      where it cannot serve); ``"auto"``: the LL16 or sentinel kernel (as
+      measured faster) where one serves and ``x`` is at most the auto
+      crossover, else XLA's reduce-scatter (module docstring); ``"xla"``: XLA's.
   """
   def bind(v, axes, size, constant):
     if constant:
@@ -302,19 +306,49 @@ def _xla_rule(prim, ctx):
   return mlir._lowerings[prim].rule
 
 
-def choose_auto(op: str, group_size: int, nbytes: int) -> tuple[str, str]:
+# Piece size per rank (bytes) from which auto takes the sentinel kernel over
+# LL16, per collective, element width (4: float32; 2: bfloat16, float16) and
+# group size measured; None: LL16 at every size. Measured on virtual ranks of one
+# H200, pieces of 1 KiB to 128 KiB (session 9, kernel time minus graph floor;
+# benchmarks/results/h200_gather_scatter_crossover_*.txt), reduced by
+# benchmarks/tune_gather_scatter.py: the smallest size where the sentinel kernel
+# is more than 5% faster and from which it is nowhere more than 5% slower.
+# Other group sizes take the nearest measured one below (2 for 3).
+SENTINEL_FROM = {
+    ("all_gather", 4): {2: 4096, 4: 32768, 8: 32768},
+    ("all_gather", 2): {2: 65536, 4: 65536, 8: 32768},
+    ("psum_scatter", 4): {2: 65536, 4: 65536, 8: 32768},
+    ("psum_scatter", 2): {2: None, 4: None, 8: 131072},
+}
+
+
+def choose_auto(op: str, group_size: int, nbytes: int, dtype=np.float32) -> tuple[str, str]:
   """(algorithm, reason) of ``algorithm="auto"`` for an operand of ``nbytes``
-  per rank that a kernel can serve: the LL16 kernel while every rank reads at
-  most jaxll.all_reduce's auto crossover (the gathered result, or the input
-  it sums), else XLA's collective."""
+  per rank of element type ``dtype`` that a kernel can serve: XLA's collective
+  where a rank would read more than jaxll.all_reduce's auto crossover (the
+  gathered result, or the input it sums), else the faster of the LL16 and
+  sentinel kernels as measured (SENTINEL_FROM; LL16 for int32, which has no
+  sentinel kernel)."""
   if group_size == 1:
     return "xla", "auto: group of one device (a copy)"
   moved = nbytes * (group_size if op == "all_gather" else 1)
   limit = algorithms.auto_max_bytes(group_size)
   if moved > limit:
     return "xla", f"auto: {moved} bytes per rank > auto crossover {limit} bytes"
-  return "oneshot_ll", (f"auto: {moved} bytes per rank <= auto crossover {limit} bytes "
-                        f"(LL16 measured faster than the barrier kernel)")
+  dtype = np.dtype(dtype)
+  piece = nbytes // (1 if op == "all_gather" else group_size)
+  within = f"{moved} bytes per rank <= auto crossover {limit} bytes"
+  if dtype.name in _SENTINEL_DTYPES:
+    row = SENTINEL_FROM[op, 4 if dtype.itemsize >= 4 else 2]
+    measured = max([m for m in row if m <= group_size] or [min(row)])
+    start = row[measured]
+    if start is not None and piece >= start:
+      return "oneshot_sentinel", (f"auto: {within}; pieces of {piece} bytes >= {start}, where "
+                                  f"the sentinel kernel measured faster (N={measured}, "
+                                  f"{dtype.itemsize}-byte elements)")
+    return "oneshot_ll", (f"auto: {within}; LL16 measured faster for pieces of {piece} bytes "
+                          f"(N={measured}, {dtype.itemsize}-byte elements)")
+  return "oneshot_ll", f"auto: {within}; LL16 (no sentinel kernel for {dtype.name})"
 
 
 def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, str, str]:
@@ -337,7 +371,7 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, s
       return 0, "xla", f"auto: {problem}"
     # (the size before the workspace: a call that goes to XLA builds none)
     kernel, reason = choose_auto(op, lowering.group_size(ctx, axes),
-                                 int(aval.size) * np.dtype(aval.dtype).itemsize)
+                                 int(aval.size) * np.dtype(aval.dtype).itemsize, aval.dtype)
     if kernel == "xla":
       return 0, "xla", reason
     ws, _, problem = lowering.workspace_for(ctx, axes)

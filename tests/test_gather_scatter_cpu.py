@@ -221,8 +221,12 @@ def test_explain_reports_the_xla_path(mesh1):
     ("psum_scatter", (1 << 19,), np.float32, 8, "xla"),      # 2 MiB summed
     ("all_gather", (64,), np.int8, 8, "xla"),                # no kernel for int8
     ("all_gather", (64,), np.float32, 1, "xla"),             # a group of one: a copy
+    ("all_gather", (8192,), np.float32, 8, "oneshot_sentinel"),   # 32 KiB pieces
+    ("psum_scatter", (8 * 8192,), np.float32, 8, "oneshot_sentinel"),
+    ("psum_scatter", (8 * 8192,), jnp.bfloat16, 8, "oneshot_ll"),  # 16 KiB bf16 pieces
+    ("all_gather", (8192,), np.int32, 8, "oneshot_ll"),      # no sentinel kernel for int32
 ])
-def test_auto_takes_the_ll_kernel_within_the_crossover(mesh1, monkeypatch, op, shape, dtype,
+def test_auto_takes_the_measured_kernel_within_the_crossover(mesh1, monkeypatch, op, shape, dtype,
                                                        group, want):
   # Lowered for CUDA (no GPU needed) with the workspace lookup forced; the
   # crossover is all_reduce's (JAXLL_AUTO_MAX_BYTES pins it here)
@@ -243,7 +247,29 @@ def test_auto_takes_the_ll_kernel_within_the_crossover(mesh1, monkeypatch, op, s
   assert bool(made) == (want != "xla"), made
   if want != "xla":
     from jaxll import algorithms
-    assert f"algorithm = {algorithms.SPECS['oneshot_ll'].code} : i64" in text, text[-3000:]
+    assert f"algorithm = {algorithms.SPECS[want].code} : i64" in text, text[-3000:]
+
+
+def test_auto_kernel_choice_follows_the_measured_crossovers():
+  # SENTINEL_FROM's rows: LL16 below the measured piece size, sentinel from it;
+  # group sizes between the measured ones take the nearest measured one below
+  from jaxll import gather_scatter as gs
+  pick = lambda op, n, piece, dt: gs.choose_auto(
+      op, n, piece * (1 if op == "all_gather" else n), dt)[0]
+  for (op, width), row in gs.SENTINEL_FROM.items():
+    dt = np.float32 if width == 4 else jnp.bfloat16
+    for n, start in row.items():
+      if start is None:
+        assert pick(op, n, 65536, dt) == "oneshot_ll"
+        continue
+      assert pick(op, n, start // 2, dt) == "oneshot_ll", (op, width, n)
+      assert pick(op, n, start, dt) == "oneshot_sentinel", (op, width, n)
+  assert pick("all_gather", 3, 4096, np.float32) == "oneshot_sentinel"  # as N=2
+  assert pick("all_gather", 7, 4096, np.float32) == "oneshot_ll"        # as N=4
+  assert pick("all_gather", 7, 32768, np.float32) == "oneshot_sentinel"
+  assert pick("all_gather", 8, 32768, np.int32) == "oneshot_ll"
+  kernel, why = gs.choose_auto("psum_scatter", 8, 8 * 32768, np.float32)
+  assert kernel == "oneshot_sentinel" and "32768" in why, why
 
 
 @pytest.mark.parametrize("dtype,ok", [(np.float32, True), (jnp.bfloat16, True), (np.int32, False)])
