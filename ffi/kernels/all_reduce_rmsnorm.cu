@@ -23,6 +23,10 @@
 #include <algorithm>
 
 #include <cooperative_groups.h>
+#ifdef JAXLL_FUSED_PHASES
+#include <cstdio>
+#include <cstdlib>
+#endif
 
 #include "all_reduce_common.cuh"
 #include "all_reduce_kernels.h"
@@ -458,6 +462,25 @@ RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t t
       }
     }
   }
+#ifdef JAXLL_FUSED_PHASES
+  // (phases builds of the test harness only) JAXLL_FUSED_PLAN="S:C:R" forces
+  // S segments a row, clusters of C (1: slots) and R rows at once, to time
+  // cuts the plan above would not choose; the allowances go to stderr.
+  if (const char* e = std::getenv("JAXLL_FUSED_PLAN")) {
+    long s = 0, c = 0, r = 0;
+    if (std::sscanf(e, "%ld:%ld:%ld", &s, &c, &r) == 3 && s >= 1 && r >= 1) {
+      plan = shape(s);
+      plan.rows_at_once = std::min<int64_t>(r, tokens);
+      plan.cluster = c > 1 ? static_cast<int>(plan.segments) : 1;
+      allowed = plan.cluster > 1 ? cluster_allowance(fn, plan.cluster, plan.threads, view) : 0;
+      static int64_t told = -1;  // (once per shape and rank count)
+      if (told != tokens * 64 + view.nranks) fprintf(stderr, "JAXLL_FUSED_PLAN %s: segments %ld, rows %ld, cluster %d, threads %d; "
+              "allowance %ld (max_blocks %d)\n", e, (long)plan.segments, (long)plan.rows_at_once,
+              plan.cluster, plan.threads, (long)allowed, view.max_blocks);
+      told = tokens * 64 + view.nranks;
+    }
+  }
+#endif
   plan.blocks = plan.segments * plan.rows_at_once;
   plan.waves = (tokens + plan.rows_at_once - 1) / plan.rows_at_once;
   plan.slots = plan.segments > 1 && plan.cluster == 1;

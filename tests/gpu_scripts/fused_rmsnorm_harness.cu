@@ -12,6 +12,10 @@
 // written, end); medians of the intervals over blocks, ranks and 200 calls (each
 // synchronized, so the "reduced" interval includes the ranks' launch skew).
 // HARNESS_SHAPES="16x8192,8x8192" sets its shapes (default six decode shapes).
+// JAXLL_FUSED_PLAN="S:C:R" (phases builds only) forces every call's cut: S
+// segments a row, clusters of C blocks (1: the header's slots), R rows at once;
+// the plan and its cluster allowance go to stderr. A cut of more blocks than the
+// rank's grid bound times out (error kind 4) by design.
 // With -DHARNESS_WITH_ALL_REDUCE and the all-reduce kernel files added
 // (all_reduce.cu all_reduce_oneshot.cu all_reduce_twoshot.cu
 // all_reduce_twoshot_atomic.cu, beside all_reduce_rmsnorm.cu and launch.cu),
