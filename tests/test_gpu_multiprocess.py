@@ -68,20 +68,25 @@ def test_fused_all_reduce_rmsnorm_through_processes(n, mps):
   print(f"\nN={n}: normed max relative difference {workers[0].result['max_rel']}")
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 4, 8])
 def test_all_gather_and_psum_scatter_through_processes(n, mps):
   # jaxll.all_gather / psum_scatter with the one-shot kernels (LL16, sentinel, barrier)
   # and with auto (its measured choice among them)
   # against numpy (tests/mp_scripts/gather_scatter_check.py): gathered bits,
-  # the scattered piece bitwise the all-reduce's, runs stable.
+  # the scattered piece bitwise the all-reduce's, runs stable; then a stress
+  # chain per kernel (and auto): 500 steps of a small and a large gather and
+  # scatter back to back in one jitted loop, exact after the last step.
   script = os.path.join(os.path.dirname(CHECKS), "gather_scatter_check.py")
   workers = launch.run(script, n, timeout=TIMEOUT, env=ENV, mps=mps, devices=["0"] * n)
   for w in workers:
     assert not w.result["errors"], (w.process_id, w.result["errors"])
-    # 5 cases x 3 kernels, less the sentinel's int32 case, and 5 with auto's choice
-    assert w.result["cases"] == 19
+    # 5 cases x 3 kernels, less the sentinel's int32 case, 5 with auto's choice,
+    # and the 4 stress chains
+    assert w.result["cases"] == 23
   auto = workers[0].result["auto"]
   print(f"\nN={n}: auto's kernels (all_gather, psum_scatter): {auto}")
   # auto's choice covers both kernels here: LL16 for small pieces, sentinel for 1.2 MB
   assert any("oneshot_ll" in v for v in auto.values()), auto
   assert any("oneshot_sentinel" in v for v in auto.values()), auto
+  # the stress chain under auto ran both kernels (37-element and 70001-element pieces)
+  assert workers[0].result["stress_kernels"]["auto"] == ["oneshot_ll", "oneshot_sentinel"]

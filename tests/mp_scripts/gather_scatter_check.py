@@ -1,10 +1,13 @@
 """One process of the all-gather / reduce-scatter check (run by jaxll.launch;
 processes sharing one GPU): jaxll.all_gather and jaxll.psum_scatter with
-algorithm="oneshot_ll", "oneshot_sentinel" and "oneshot_barrier" against numpy, for several sizes
-and dtypes (pieces of several rounds included), forward and through grad, in
-one program with a jaxll.all_reduce, repeated. The gather must return every
-rank's piece bit for bit; the scatter must equal piece r of the one-shot
-all-reduce of the same inputs bit for bit, and the float64 sum within rounding.
+algorithm="oneshot_ll", "oneshot_sentinel", "oneshot_barrier" and "auto"
+(whose kernel must be its measured choice) against numpy, for several sizes
+and dtypes (pieces of several rounds included), in one program with a
+jaxll.all_reduce, repeated. The gather must return every rank's piece bit for
+bit; the scatter must equal piece r of the one-shot all-reduce of the same
+inputs bit for bit, and the float64 sum within rounding. Then a stress chain
+per algorithm: 500 steps of a small and a large gather and scatter back to
+back in one jitted loop, exact after the last step.
 
   python gather_scatter_check.py [--runs 5]
 """
@@ -102,5 +105,49 @@ for algorithm in ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier", "auto"):
         report["errors"].append(f"{key}: a run differs from the first")
         break
     report["cases"] += 1
+
+
+def stress_step(algorithm, small, large):
+  """One step of the stress chain on this rank's (small,) and (large,) float32
+  pieces of small integers: each piece is gathered and the gathered vector
+  reduce-scattered (n times the piece, exact), then the step adds 1, so after
+  k steps every piece is its start plus k, bit for bit."""
+  def one(x):
+    g = jaxll.all_gather(x, "tp", tiled=True, algorithm=algorithm)  # (n * c,), every rank alike
+    s = jaxll.psum_scatter(g, "tp", tiled=True, algorithm=algorithm)  # n * x
+    return s - (n - 1) * x + 1
+  return one(small), one(large)
+
+
+# Stress: STEPS steps of four calls each (a small and a large gather and
+# scatter) back to back in one jitted loop, no host sync between calls.
+STEPS = 500
+for algorithm in ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier", "auto"):
+  key = f"stress/{algorithm}"
+  launch.progress(key)
+  rng = np.random.default_rng(7)
+  small0 = rng.integers(-50, 50, size=(n, 37)).astype(np.float32)
+  large0 = rng.integers(-50, 50, size=(n, 70_001)).astype(np.float32)
+
+  def chain(a, b, algorithm=algorithm):
+    out = jax.lax.fori_loop(0, STEPS, lambda _, ab: stress_step(algorithm, *ab), (a[0], b[0]))
+    return out[0][None], out[1][None]
+
+  f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=(P("tp"), P("tp")),
+                            out_specs=(P("tp"), P("tp"))))
+  args = (put(small0, P("tp")), put(large0, P("tp")))
+  sites = {s.algorithm for s in jaxll.explain(f, *args)}
+  if algorithm != "auto" and sites != {algorithm}:
+    report["errors"].append(f"{key}: the kernels did not serve every call ({sites})")
+  report.setdefault("stress_kernels", {})[algorithm] = sorted(sites)
+  compiled = f.lower(*args).compile()
+  launch.barrier()
+  a, b = compiled(*args)
+  for got, start, name in ((a, small0, "small"), (b, large0, "large")):
+    got = np.asarray(got.addressable_data(0))[0]
+    if not np.array_equal(got, start[pid] + STEPS):
+      bad = int(np.sum(got != start[pid] + STEPS))
+      report["errors"].append(f"{key}: {name} pieces off after {STEPS} steps ({bad} elements)")
+  report["cases"] += 1
 jaxll.check_errors()
 launch.report(report)
