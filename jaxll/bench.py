@@ -326,8 +326,9 @@ def _virtual_gather_scatter(args, n: int, dtype: str, count: int, algo: str) -> 
     if kernel == "xla":
       return dict(out, status="n/a", reason=f"auto picks xla ({why}), which cannot run on "
                                              "virtual ranks")
-  if kernel == "oneshot_sentinel" and dtype == "int32":
-    return dict(out, status="n/a", reason="no sentinel kernel for int32")
+  sentinel_dtypes = gather_scatter._SENTINEL_DTYPES
+  if kernel == "oneshot_sentinel" and jax.numpy.dtype(dtype).name not in sentinel_dtypes:
+    return dict(out, status="n/a", reason=f"no sentinel kernel for {dtype}")
   # Fewer calls per graph for large pieces, as for the all-reduce: about
   # 256 MiB moved per graph (each rank reads n pieces of count items).
   iters = max(3, min(args.iters, (256 << 20) // max(1, count * item * n * n)))

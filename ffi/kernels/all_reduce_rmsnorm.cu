@@ -474,10 +474,14 @@ RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t t
       plan.cluster = c > 1 ? static_cast<int>(plan.segments) : 1;
       allowed = plan.cluster > 1 ? cluster_allowance(fn, plan.cluster, plan.threads, view) : 0;
       static int64_t told = -1;  // (once per shape and rank count)
-      if (told != tokens * 64 + view.nranks) fprintf(stderr, "JAXLL_FUSED_PLAN %s: segments %ld, rows %ld, cluster %d, threads %d; "
-              "allowance %ld (max_blocks %d)\n", e, (long)plan.segments, (long)plan.rows_at_once,
-              plan.cluster, plan.threads, (long)allowed, view.max_blocks);
-      told = tokens * 64 + view.nranks;
+      if (told != tokens * 64 + view.nranks) {
+        fprintf(stderr,
+                "JAXLL_FUSED_PLAN %s: segments %ld, rows %ld, cluster %d, threads %d; "
+                "allowance %ld (max_blocks %d)\n",
+                e, (long)plan.segments, (long)plan.rows_at_once, plan.cluster, plan.threads,
+                (long)allowed, view.max_blocks);
+        told = tokens * 64 + view.nranks;
+      }
     }
   }
 #endif
