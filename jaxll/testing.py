@@ -5,11 +5,13 @@ runs the same kernels as a real rank, so multi-rank logic (the LL protocol,
 epochs, double buffering, timeouts) can be tested and tuned on one GPU.
 
 - :func:`virtual_all_reduce` all-reduces the rows of an ``(N, ...)`` array as N
-  virtual ranks, through JAX (works under ``jit``).
+  virtual ranks, through JAX (works under ``jit``); :func:`virtual_fused_rmsnorm`
+  does the same with the fused all-reduce + residual + RMSNorm kernel.
 - :func:`stress` runs long randomized sequences of calls with the ranks skewed
   against each other and checks every element bit for bit on the device.
-- :func:`kernel_time_us` and :func:`graph_floor_us` time kernels inside CUDA
-  graphs.
+- :func:`kernel_time_us`, :func:`rmsnorm_kernel_time_us`,
+  :func:`gather_scatter_time_us` and :func:`graph_floor_us` time kernels inside
+  CUDA graphs.
 
 All ranks share one GPU, so every rank's kernel must be resident at once (the
 workspace bounds grids for that) and no rank's all-reduce may sit in a hardware
@@ -67,13 +69,16 @@ def _kernel_name(algorithm: str) -> str:
 
 
 def virtual_all_reduce(x, *, op: str = "sum", algorithm: str = "oneshot_ll", device=None,
-                       config: workspace.WorkspaceConfig | None = None, _skip_rank: int = -1):
+                       config: workspace.WorkspaceConfig | None = None,
+                       command_buffer: bool = False, _skip_rank: int = -1):
   """All-reduces the rows of ``x`` (shape ``(N, ...)``) as N virtual ranks.
 
   Row r is rank r's input; every row of the result is the reduction (bitwise
   identical across rows). Runs as one XLA custom call that forks onto the N
   ranks' streams, so it composes with ``jax.jit``. ``x`` must live on `device`
-  (the first GPU by default).
+  (the first GPU by default). With ``command_buffer`` XLA may capture the call
+  into a CUDA graph (for benchmarks: the ranks' recorded errors are then checked
+  only when it is captured, not at every run).
   """
   x = jax.numpy.asarray(x)
   if x.ndim < 1:
@@ -86,10 +91,37 @@ def virtual_all_reduce(x, *, op: str = "sum", algorithm: str = "oneshot_ll", dev
     raise TypeError(f"virtual_all_reduce: {problem}")
   n = int(x.shape[0])
   ws = virtual_workspace(n, device=device, config=config)
-  call = jax.ffi.ffi_call("jaxll_virtual_all_reduce",
+  call = jax.ffi.ffi_call("jaxll_virtual_all_reduce" + ("_graph" if command_buffer else ""),
                           jax.ShapeDtypeStruct(x.shape, x.dtype))
   return call(x, comm=np.int64(ws.id), algorithm=np.int64(algorithms.SPECS[name].code),
               op=np.int64(algorithms.OP_CODES[op]), skip_rank=np.int64(_skip_rank))
+
+
+def virtual_fused_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None,
+                          config: workspace.WorkspaceConfig | None = None,
+                          command_buffer: bool = False):
+  """The fused all-reduce + residual + RMSNorm kernel on N virtual ranks, as one
+  XLA custom call (composes with ``jax.jit``, as :func:`virtual_all_reduce`):
+  ``x`` and ``residual`` are ``(N, ..., hidden)`` (row r is rank r's),
+  ``weight`` is ``(hidden,)``, all of one dtype (float32, bfloat16, float16).
+  Returns ``(normed, new_residual)``, each of x's shape: rank r's outputs in row
+  r (bitwise equal across rows where the residual rows are equal).
+  ``command_buffer`` as for :func:`virtual_all_reduce`."""
+  x, residual, weight = (jax.numpy.asarray(a) for a in (x, residual, weight))
+  if x.ndim < 2:
+    raise ValueError("virtual_fused_rmsnorm needs x of shape (N, ..., hidden)")
+  if residual.shape != x.shape or weight.shape != x.shape[-1:]:
+    raise ValueError(f"residual must have x's shape {x.shape} and weight {x.shape[-1:]}, got "
+                     f"{residual.shape} and {weight.shape}")
+  if not (x.dtype == residual.dtype == weight.dtype) or x.dtype.name not in (
+      "float32", "bfloat16", "float16"):
+    raise TypeError(f"x, residual and weight must share one of float32, bfloat16, float16; got "
+                    f"{x.dtype}, {residual.dtype}, {weight.dtype}")
+  ws = virtual_workspace(int(x.shape[0]), device=device, config=config)
+  out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+  call = jax.ffi.ffi_call("jaxll_virtual_all_reduce_rmsnorm" + ("_graph" if command_buffer else ""),
+                          (out, out))
+  return tuple(call(x, residual, weight, comm=np.int64(ws.id), eps=np.float32(eps)))
 
 
 def virtual_all_reduce_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None,
@@ -268,6 +300,21 @@ def kernel_time_us(nranks: int, nbytes: int, *, dtype="float32", op: str = "sum"
   return list(ext.virtual_bench(ws.id, algorithms.SPECS[name].code,
                                 algorithms.DTYPE_CODES[dtype.name], algorithms.OP_CODES[op],
                                 count, int(iters), int(reps)))
+
+
+def rmsnorm_kernel_time_us(nranks: int, tokens: int, hidden: int, *, dtype="bfloat16",
+                           iters: int = 200, reps: int = 20, device=None,
+                           config: workspace.WorkspaceConfig | None = None) -> list[float]:
+  """Kernel time per call (µs, one value per repetition) of the fused
+  all-reduce + residual + RMSNorm kernel, ``tokens x hidden`` per rank, measured
+  as :func:`kernel_time_us` measures the all-reduce (subtract
+  :func:`graph_floor_us` for the kernel's own time)."""
+  dtype = np.dtype(jax.numpy.dtype(dtype))
+  if dtype.name not in ("float32", "bfloat16", "float16"):
+    raise TypeError(f"rmsnorm_kernel_time_us: no fused kernel for {dtype}")
+  ws = virtual_workspace(nranks, device=device, config=config)
+  return list(ext.virtual_rmsnorm_bench(ws.id, algorithms.DTYPE_CODES[dtype.name], int(tokens),
+                                        int(hidden), int(iters), int(reps)))
 
 
 def gather_scatter_time_us(nranks: int, nbytes: int, *, collective: str = "all_gather",

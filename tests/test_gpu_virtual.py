@@ -258,6 +258,43 @@ def test_jitted_chain_of_virtual_calls():
   assert (_bits(out) == _bits(out)[0:1]).all()
 
 
+@pytest.mark.parametrize("command_buffer", [False, True])
+def test_jitted_chain_of_virtual_fused_calls(command_buffer):
+  # the jittable virtual fused call (and its command-buffer twin), in a chain
+  # as benchmarks/fused_rmsnorm.py --virtual runs it: each step equals the
+  # numpy-driven tool's result for the same inputs, and a chain of 12 steps is
+  # bitwise equal across ranks and to the same steps taken one at a time
+  n, tokens, hidden = 4, 3, 2048
+  rng = np.random.default_rng(5)
+  x = rng.standard_normal((n, tokens, hidden)).astype(jnp.bfloat16)
+  res = np.broadcast_to(rng.standard_normal((tokens, hidden)).astype(jnp.bfloat16),
+                        (n, tokens, hidden))
+  w = (1 + 0.1 * rng.standard_normal(hidden)).astype(jnp.bfloat16)
+  step = lambda a, r, w: jt.virtual_fused_rmsnorm(a, r, w, command_buffer=command_buffer)
+  normed, new = (np.asarray(v) for v in jax.jit(step)(x, res, w))
+  want_normed, want_new = jt.virtual_all_reduce_rmsnorm(x, res[0], w)
+  np.testing.assert_array_equal(normed.view(np.uint16), want_normed.view(np.uint16))
+  np.testing.assert_array_equal(new.view(np.uint16), want_new.view(np.uint16))
+
+  @jax.jit
+  def chain(a, r, w):
+    for _ in range(12):
+      a, r = step(a, r, w)
+    return a, r
+
+  a, r = (np.asarray(v) for v in chain(x, res, w))
+  b, q = x, res
+  for _ in range(12):
+    b, q = (np.asarray(v) for v in jax.jit(step)(b, q, w))
+  for got, want in ((a, b), (r, q)):
+    assert np.isfinite(got.astype(np.float32)).all()
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert (got.view(np.uint16) == got[0:1].view(np.uint16)).all()
+  with pytest.raises(ValueError, match="residual must have"):
+    jt.virtual_fused_rmsnorm(x, res[0], w)
+  jaxll.check_errors()
+
+
 def test_device_ordinal_is_local_hardware_id():
   for dev in jax.devices("cuda"):
     assert jt.device_ordinal(dev) == dev.local_hardware_id

@@ -222,6 +222,9 @@ def test_extension_facts():
   assert ext.built_jaxlib_version == jaxlib.__version__
   assert ext.max_ranks >= 8 and ext.max_blocks >= 1
   assert set(ext.handlers()) == {"jaxll_all_reduce", "jaxll_virtual_all_reduce",
+                                 "jaxll_virtual_all_reduce_graph",
+                                 "jaxll_virtual_all_reduce_rmsnorm",
+                                 "jaxll_virtual_all_reduce_rmsnorm_graph",
                                  "jaxll_device_ordinal", "jaxll_noop", "jaxll_check",
                                  "jaxll_all_reduce_rmsnorm", "jaxll_join",
                                  "jaxll_gather_scatter"}

@@ -6,6 +6,11 @@
 //                             y, order (see AllReduceExecute)
 //   jaxll_virtual_all_reduce  N virtual ranks on one GPU: input (N, ...) is
 //                             reduced across its leading axis, one stream per rank
+//   jaxll_virtual_all_reduce_rmsnorm
+//                             the fused kernel on N virtual ranks (operands and
+//                             results (N, ..., hidden) but weight (hidden,))
+//   ..._graph                 twins of the two virtual handlers that XLA may
+//                             capture into command buffers (for benchmarks)
 //   jaxll_device_ordinal      writes the device ordinal XLA passes to handlers
 //                             (lets tests check it against Device.local_hardware_id)
 //   jaxll_check               host-only (never in a command buffer): fails the
@@ -131,27 +136,67 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer
   return ffi::Error::Success();
 }
 
-ffi::Error VirtualAllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
-                                   ffi::Result<ffi::AnyBuffer> y, int64_t comm_id,
-                                   int64_t algorithm, int64_t op, int64_t skip_rank) {
+// Whether the fused call's operands agree: one element type; residual, normed
+// and new_residual of x's element count; weight of `hidden` elements.
+bool rmsnorm_operands_match(const ffi::AnyBuffer& x, const ffi::AnyBuffer& residual,
+                            const ffi::AnyBuffer& weight, const ffi::AnyBuffer& normed,
+                            const ffi::AnyBuffer& new_residual, int64_t hidden) {
+  const size_t count = x.element_count();
+  for (const ffi::AnyBuffer* b : {&residual, &weight, &normed, &new_residual}) {
+    if (b->element_type() != x.element_type()) return false;
+  }
+  return residual.element_count() == count && normed.element_count() == count &&
+         new_residual.element_count() == count &&
+         static_cast<int64_t>(weight.element_count()) == hidden;
+}
+
+// The virtual-rank workspace `comm_id` on device `ordinal`, unless it is gone,
+// lives elsewhere or a rank of it has recorded an error.
+ffi::Error find_virtual(int64_t comm_id, int32_t ordinal, Workspace** out) {
   Workspace* c = workspace_lookup(comm_id);
   if (c == nullptr || !c->virtual_ranks()) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jaxll: virtual-rank workspace " + std::to_string(comm_id) +
                           " does not exist (freed?)");
   }
-  const int n = c->group_size();
   if (c->rank(0, 0).ordinal != ordinal) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jaxll: virtual-rank workspace " + std::to_string(comm_id) +
                           " lives on CUDA device " + std::to_string(c->rank(0, 0).ordinal) +
                           " but the call runs on device " + std::to_string(ordinal));
   }
-  for (int i = 0; i < n; ++i) {
+  for (int i = 0; i < c->group_size(); ++i) {
     if (uint64_t word = c->error_word(c->rank(0, i))) {
       return ffi::Error(ffi::ErrorCode::kAborted, c->describe_error(c->rank(0, i), word));
     }
   }
+  *out = c;
+  return ffi::Error::Success();
+}
+
+// Forks `stream` onto every virtual rank's stream (but `skip_rank`), runs
+// `launch(i, rank)` there and joins the ranks back into `stream`; the same
+// fork and join under stream capture (a command buffer) as outside it.
+template <class Launch>
+cudaError_t fork_ranks(Workspace& c, cudaStream_t stream, int64_t skip_rank, Launch&& launch) {
+  cudaError_t e = cudaEventRecord(c.fork_event(), stream);
+  for (int i = 0; i < c.group_size() && e == cudaSuccess; ++i) {
+    if (i == skip_rank) continue;
+    Rank& r = c.rank(0, i);
+    e = cudaStreamWaitEvent(r.stream, c.fork_event(), 0);
+    if (e == cudaSuccess) e = launch(i, r);
+    if (e == cudaSuccess) e = cudaEventRecord(r.done, r.stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, r.done, 0);
+  }
+  return e;
+}
+
+ffi::Error VirtualAllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
+                                   ffi::Result<ffi::AnyBuffer> y, int64_t comm_id,
+                                   int64_t algorithm, int64_t op, int64_t skip_rank) {
+  Workspace* c = nullptr;
+  if (ffi::Error e = find_virtual(comm_id, ordinal, &c); e.failure()) return e;
+  const int n = c->group_size();
   if (ffi::Error e = check_call(algorithm, op); e.failure()) return e;
   DType dtype;
   if (ffi::Error e = to_dtype(x.element_type(), &dtype); e.failure()) return e;
@@ -167,21 +212,56 @@ ffi::Error VirtualAllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::An
   if (count == 0) return ffi::Error::Success();
   const size_t row_bytes = static_cast<size_t>(count) * dtype_bytes(dtype);
   if (ffi::Error e = use_device(ordinal); e.failure()) return e;
-
-  cudaError_t e = cudaEventRecord(c->fork_event(), stream);
-  for (int i = 0; i < n && e == cudaSuccess; ++i) {
-    if (i == skip_rank) continue;
-    Rank& r = c->rank(0, i);
-    e = cudaStreamWaitEvent(r.stream, c->fork_event(), 0);
-    if (e != cudaSuccess) break;
-    e = launch_all_reduce(static_cast<Algorithm>(algorithm), dtype, static_cast<ReduceOp>(op),
-                          r.view, static_cast<const char*>(x.untyped_data()) + i * row_bytes,
-                          static_cast<char*>(y->untyped_data()) + i * row_bytes, count, r.stream);
-    if (e != cudaSuccess) break;
-    e = cudaEventRecord(r.done, r.stream);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, r.done, 0);
-  }
+  cudaError_t e = fork_ranks(*c, stream, skip_rank, [&](int i, Rank& r) {
+    return launch_all_reduce(static_cast<Algorithm>(algorithm), dtype, static_cast<ReduceOp>(op),
+                             r.view, static_cast<const char*>(x.untyped_data()) + i * row_bytes,
+                             static_cast<char*>(y->untyped_data()) + i * row_bytes, count, r.stream);
+  });
   if (e != cudaSuccess) return launch_error(e, *c, "a virtual all-reduce of " + std::to_string(count) + " elements per rank");
+  return ffi::Error::Success();
+}
+
+// The fused all-reduce + residual + RMSNorm on N virtual ranks: x, residual,
+// normed and new_residual are (N, ..., hidden), row i rank i's; weight (hidden,)
+// is every rank's; one element type.
+ffi::Error VirtualRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
+                                 ffi::AnyBuffer residual, ffi::AnyBuffer weight,
+                                 ffi::Result<ffi::AnyBuffer> normed,
+                                 ffi::Result<ffi::AnyBuffer> new_residual, int64_t comm_id,
+                                 float eps) {
+  Workspace* c = nullptr;
+  if (ffi::Error e = find_virtual(comm_id, ordinal, &c); e.failure()) return e;
+  const int n = c->group_size();
+  DType dtype;
+  if (ffi::Error e = to_dtype(x.element_type(), &dtype); e.failure()) return e;
+  const auto dims = x.dimensions();
+  const int64_t count = static_cast<int64_t>(x.element_count());
+  const int64_t hidden = dims.size() >= 2 ? dims[dims.size() - 1] : 0;
+  const bool same = dims.size() >= 2 && dims[0] == n &&
+                    rmsnorm_operands_match(x, residual, weight, *normed, *new_residual, hidden);
+  if (!same) {
+    return ffi::Error::InvalidArgument(
+        "jaxll: the virtual all_reduce_rmsnorm takes x and residual of shape (" +
+        std::to_string(n) + ", ..., hidden) and weight (hidden,) of one element type");
+  }
+  if (count == 0) return ffi::Error::Success();
+  if (const char* problem = rmsnorm_unsupported(dtype, hidden, c->rank(0, 0).view)) {
+    return ffi::Error::InvalidArgument(std::string("jaxll: all_reduce_rmsnorm kernel: unsupported ") +
+                                       problem);
+  }
+  const int64_t per_rank = count / n;
+  const size_t row_bytes = static_cast<size_t>(per_rank) * dtype_bytes(dtype);
+  if (ffi::Error e = use_device(ordinal); e.failure()) return e;
+  auto at = [&](const void* base, int i) { return static_cast<const char*>(base) + i * row_bytes; };
+  auto out_at = [&](void* base, int i) { return static_cast<char*>(base) + i * row_bytes; };
+  cudaError_t e = fork_ranks(*c, stream, -1, [&](int i, Rank& r) {
+    return launch_all_reduce_rmsnorm(dtype, r.view, at(x.untyped_data(), i),
+                                     at(residual.untyped_data(), i), weight.untyped_data(),
+                                     out_at(normed->untyped_data(), i),
+                                     out_at(new_residual->untyped_data(), i), per_rank / hidden,
+                                     hidden, eps, r.stream);
+  });
+  if (e != cudaSuccess) return launch_error(e, *c, "a virtual all_reduce_rmsnorm of " + std::to_string(per_rank) + " elements per rank");
   return ffi::Error::Success();
 }
 
@@ -235,14 +315,7 @@ ffi::Error RmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x
   if (dims.size() < 1) return ffi::Error::InvalidArgument("jaxll: all_reduce_rmsnorm needs a hidden axis");
   const int64_t hidden = dims[dims.size() - 1];
   const int64_t count = static_cast<int64_t>(x.element_count());
-  const bool same = residual.element_type() == x.element_type() &&
-                    weight.element_type() == x.element_type() &&
-                    normed->element_type() == x.element_type() &&
-                    new_residual->element_type() == x.element_type() &&
-                    static_cast<int64_t>(residual.element_count()) == count &&
-                    static_cast<int64_t>(normed->element_count()) == count &&
-                    static_cast<int64_t>(new_residual->element_count()) == count &&
-                    static_cast<int64_t>(weight.element_count()) == hidden;
+  const bool same = rmsnorm_operands_match(x, residual, weight, *normed, *new_residual, hidden);
   if (!same) {
     return ffi::Error::InvalidArgument(
         "jaxll: all_reduce_rmsnorm takes x, residual (x's shape) and weight (hidden,) of one "
@@ -332,6 +405,7 @@ using jaxll::JoinExecute;
 using jaxll::NoopExecute;
 using jaxll::RmsNormExecute;
 using jaxll::VirtualAllReduceExecute;
+using jaxll::VirtualRmsNormExecute;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_handler, AllReduceExecute,
                               ffi::Ffi::Bind()
@@ -346,16 +420,40 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_handler, AllReduceExecute,
                                   .Attr<int64_t>("op"),
                               {ffi::Traits::kCmdBufferCompatible});
 
+#define JAXLL_VIRTUAL_ALL_REDUCE_BINDING                 \
+  ffi::Ffi::Bind()                                       \
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()          \
+      .Ctx<ffi::DeviceOrdinal>()                         \
+      .Arg<ffi::AnyBuffer>()                             \
+      .Ret<ffi::AnyBuffer>()                             \
+      .Attr<int64_t>("comm")                             \
+      .Attr<int64_t>("algorithm")                        \
+      .Attr<int64_t>("op")                               \
+      .Attr<int64_t>("skip_rank")
+#define JAXLL_VIRTUAL_RMSNORM_BINDING                    \
+  ffi::Ffi::Bind()                                       \
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()          \
+      .Ctx<ffi::DeviceOrdinal>()                         \
+      .Arg<ffi::AnyBuffer>()                             \
+      .Arg<ffi::AnyBuffer>()                             \
+      .Arg<ffi::AnyBuffer>()                             \
+      .Ret<ffi::AnyBuffer>()                             \
+      .Ret<ffi::AnyBuffer>()                             \
+      .Attr<int64_t>("comm")                             \
+      .Attr<float>("eps")
+
+// The virtual-rank handlers, each twice: outside command buffers (the host
+// checks the ranks' error words at every run), and as a twin XLA may capture
+// into a command buffer (checked only when captured; for benchmarks, whose
+// host would otherwise be slower than the ranks' kernels).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_virtual_all_reduce_handler, VirtualAllReduceExecute,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
-                                  .Attr<int64_t>("algorithm")
-                                  .Attr<int64_t>("op")
-                                  .Attr<int64_t>("skip_rank"));
+                              JAXLL_VIRTUAL_ALL_REDUCE_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_virtual_all_reduce_graph_handler, VirtualAllReduceExecute,
+                              JAXLL_VIRTUAL_ALL_REDUCE_BINDING, {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_virtual_all_reduce_rmsnorm_handler, VirtualRmsNormExecute,
+                              JAXLL_VIRTUAL_RMSNORM_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_virtual_all_reduce_rmsnorm_graph_handler, VirtualRmsNormExecute,
+                              JAXLL_VIRTUAL_RMSNORM_BINDING, {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_check_handler, CheckExecute,
                               ffi::Ffi::Bind()

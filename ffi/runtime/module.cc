@@ -71,6 +71,10 @@ NB_MODULE(_jaxll, m) {
     nb::dict d;
     d["jaxll_all_reduce"] = handler_capsule(&jaxll_all_reduce_handler);
     d["jaxll_virtual_all_reduce"] = handler_capsule(&jaxll_virtual_all_reduce_handler);
+    d["jaxll_virtual_all_reduce_graph"] = handler_capsule(&jaxll_virtual_all_reduce_graph_handler);
+    d["jaxll_virtual_all_reduce_rmsnorm"] = handler_capsule(&jaxll_virtual_all_reduce_rmsnorm_handler);
+    d["jaxll_virtual_all_reduce_rmsnorm_graph"] =
+        handler_capsule(&jaxll_virtual_all_reduce_rmsnorm_graph_handler);
     d["jaxll_device_ordinal"] = handler_capsule(&jaxll_device_ordinal_handler);
     d["jaxll_noop"] = handler_capsule(&jaxll_noop_handler);
     d["jaxll_check"] = handler_capsule(&jaxll_check_handler);
@@ -352,6 +356,12 @@ NB_MODULE(_jaxll, m) {
                                         static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
                                         count, iters, reps);
   }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "count"_a, "iters"_a, "reps"_a);
+  m.def("virtual_rmsnorm_bench", [](int64_t id, int dtype, int64_t tokens, int64_t hidden,
+                                    int iters, int reps) {
+    Workspace& c = get_comm(id);
+    nb::gil_scoped_release release;
+    return virtual_rmsnorm_bench(c, static_cast<DType>(dtype), tokens, hidden, iters, reps);
+  }, "id"_a, "dtype"_a, "tokens"_a, "hidden"_a, "iters"_a, "reps"_a);
   m.def("virtual_bench", [](int64_t id, int algorithm, int dtype, int op, int64_t count, int iters,
                             int reps) {
     Workspace& c = get_comm(id);

@@ -601,6 +601,38 @@ std::vector<double> virtual_bench(Workspace& comm, Algorithm algorithm, DType dt
   });
 }
 
+std::vector<double> virtual_rmsnorm_bench(Workspace& comm, DType dtype, int64_t tokens,
+                                          int64_t hidden, int iters, int reps) {
+  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_rmsnorm_bench needs a virtual-rank workspace");
+  if (tokens <= 0 || hidden <= 0 || iters <= 0 || reps <= 0) {
+    throw std::runtime_error("tokens, hidden, iters and reps must be positive");
+  }
+  if (const char* problem = rmsnorm_unsupported(dtype, hidden, comm.rank(0, 0).view)) {
+    throw std::runtime_error(std::string("virtual_rmsnorm_bench: unsupported ") + problem);
+  }
+  DeviceGuard guard(comm.rank(0, 0).ordinal);
+  const int n = comm.group_size();
+  const size_t bytes = static_cast<size_t>(tokens * hidden) * dtype_bytes(dtype);
+  Buffers bufs;
+  void* w = bufs.alloc(static_cast<size_t>(hidden) * dtype_bytes(dtype));
+  check_cuda(cudaMemset(w, 0x11, static_cast<size_t>(hidden) * dtype_bytes(dtype)), "filling the weight");
+  std::vector<void*> x(n), res(n), normed(n), nres(n);
+  for (int r = 0; r < n; ++r) {
+    x[r] = bufs.alloc(bytes);
+    res[r] = bufs.alloc(bytes);
+    normed[r] = bufs.alloc(bytes);
+    nres[r] = bufs.alloc(bytes);
+    // small nonzero values (finite sums and norms for every dtype)
+    check_cuda(cudaMemset(x[r], 0x11, bytes), "filling inputs");
+    check_cuda(cudaMemset(res[r], 0x11, bytes), "filling inputs");
+  }
+  check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
+  return time_graph(comm, iters, reps, [&](int r, cudaStream_t s) {
+    return launch_all_reduce_rmsnorm(dtype, comm.rank(0, r).view, x[r], res[r], w, normed[r],
+                                     nres[r], tokens, hidden, 1e-6f, s);
+  });
+}
+
 std::vector<double> virtual_gather_scatter_bench(Workspace& comm, Collective c, Algorithm algorithm,
                                                  DType dtype, int64_t count, int iters, int reps) {
   if (!comm.virtual_ranks()) throw std::runtime_error("virtual_gather_scatter_bench needs a virtual-rank workspace");

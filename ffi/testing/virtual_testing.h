@@ -92,6 +92,12 @@ struct GatherScatterResult {
 GatherScatterResult virtual_gather_scatter(Workspace& comm, Collective c, Algorithm algorithm,
                                            DType dtype, const std::string& x, int64_t count);
 
+// Per-call time (us) of the fused all-reduce + residual + RMSNorm kernel on
+// every virtual rank (tokens x hidden per rank), measured as virtual_bench
+// measures the all-reduce's.
+std::vector<double> virtual_rmsnorm_bench(Workspace& comm, DType dtype, int64_t tokens,
+                                          int64_t hidden, int iters, int reps);
+
 // Per-call time (us) of the all-gather or reduce-scatter kernel on every
 // virtual rank, measured as virtual_bench measures the all-reduce's.
 std::vector<double> virtual_gather_scatter_bench(Workspace& comm, Collective c, Algorithm algorithm,
