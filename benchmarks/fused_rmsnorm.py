@@ -9,8 +9,17 @@ jax.distributed processes (jaxll.launch; they share GPU 0 where there are fewer
 GPUs), shapes of decode steps (tokens x hidden). --profile adds the device
 time per kernel of one run of each chain (process 0, JAX's profiler).
 
+--virtual N[,N...] runs the same two chains in this one process on N virtual
+ranks of GPU 0 instead (jaxll.testing: every call forks onto the N ranks'
+streams; the composed step is the virtual one-shot LL all-reduce and XLA's
+norm math over all N ranks' rows, the fused step the virtual fused call; both
+captured into XLA's command buffers), and adds the kernels' own times from
+CUDA graphs of back-to-back calls (the fused kernel; the one-shot LL
+all-reduce of the same bytes; the graph floor).
+
   python benchmarks/fused_rmsnorm.py --processes 2 --json out.json
   python benchmarks/fused_rmsnorm.py --processes 8 --shapes 1x8192,2x8192,4x8192,8x8192,16x8192,32x8192,64x8192,128x8192
+  python benchmarks/fused_rmsnorm.py --virtual 2,8 --shapes 1x8192,16x8192
 """
 from __future__ import annotations
 
@@ -87,12 +96,7 @@ def worker(opts) -> None:
           xs, r = compiled(xs, r, w)
         r.block_until_ready()
 
-      per_step = []
-      for _ in range(opts.reps):
-        t0 = time.perf_counter()
-        run_chain(opts.runs)
-        per_step.append((time.perf_counter() - t0) / (opts.runs * opts.chain) * 1e6)
-      row[f"{name}_us"] = statistics.median(per_step)
+      row[f"{name}_us"] = time_chain(compiled, (x, r0, w), opts.runs, opts.reps, opts.chain)
       if opts.profile:
         def traced():
           launch.barrier()  # (after the profiler started on process 0: see tp_decode)
@@ -115,6 +119,85 @@ def worker(opts) -> None:
   launch.report({"rows": rows})
 
 
+def time_chain(compiled, args, runs: int, reps: int, chain: int) -> float:
+  """Median over `reps` of the time per step of `runs` back-to-back calls of a
+  compiled chain of `chain` steps (one sync at the end of each rep), us."""
+  per_step = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    xs, r, w = args
+    for _ in range(runs):
+      xs, r = compiled(xs, r, w)
+    r.block_until_ready()
+    per_step.append((time.perf_counter() - t0) / (runs * chain) * 1e6)
+  return statistics.median(per_step)
+
+
+def virtual_rows(opts) -> list[dict]:
+  """The two chains on N virtual ranks of GPU 0, per N of --virtual and shape."""
+  # (every virtual rank's kernel needs a hardware queue of its own: before CUDA starts)
+  os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from jaxll import fused, testing
+
+  try:
+    dev = jax.devices("cuda")[0]
+  except RuntimeError:
+    sys.exit("fused_rmsnorm.py --virtual needs a CUDA GPU (virtual ranks run jaxll's kernels)")
+  rows = []
+  for n in opts.virtual:
+    floor = statistics.median(testing.graph_floor_us(n, iters=opts.graph_iters))
+    for tokens, hidden in opts.shapes:
+      rng = np.random.default_rng(tokens + hidden)
+      x = jax.device_put(jnp.asarray(rng.standard_normal((n, tokens, hidden)), jnp.bfloat16), dev)
+      r0 = jnp.broadcast_to(jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16),
+                            (n, tokens, hidden))
+      r0 = jax.device_put(r0, dev)
+      w = jax.device_put(jnp.ones(hidden, jnp.bfloat16), dev)
+      row = {"mode": "virtual", "tokens": tokens, "hidden": hidden, "dtype": "bfloat16",
+             "ranks": n, "command_buffer": not opts.no_command_buffer}
+      cb = not opts.no_command_buffer
+
+      def composed(x, r, w):
+        y = testing.virtual_all_reduce(x, algorithm="oneshot_ll", device=dev, command_buffer=cb)
+        return fused.residual_rmsnorm(y, r, w, eps=1e-6)
+
+      def fused_step(x, r, w):
+        return testing.virtual_fused_rmsnorm(x, r, w, eps=1e-6, device=dev, command_buffer=cb)
+
+      one = {}
+      for name, step in (("composed", composed), ("fused", fused_step)):
+        def chain(x, r, w, step=step):
+          for _ in range(opts.chain):
+            x, r = step(x, r, w)
+          return x, r
+        compiled = jax.jit(chain).lower(x, r0, w).compile()
+        jax.block_until_ready(compiled(x, r0, w))
+        row[f"{name}_us"] = time_chain(compiled, (x, r0, w), opts.runs, opts.reps, opts.chain)
+        one[name] = [np.asarray(v.astype(jnp.float32)) for v in jax.jit(step)(x, r0, w)]
+      row["speedup"] = row["composed_us"] / row["fused_us"]
+      # one step of each, compared (XLA's mean adds in its own order: normed may
+      # differ in the last bit; new_residual is the same sum, rounded once)
+      row["new_residual_equal"] = bool(np.array_equal(one["composed"][1], one["fused"][1]))
+      row["normed_max_abs_diff"] = float(np.max(np.abs(one["composed"][0] - one["fused"][0])))
+      row["fused_kernel_us"] = statistics.median(testing.rmsnorm_kernel_time_us(
+          n, tokens, hidden, dtype="bfloat16", iters=opts.graph_iters)) - floor
+      row["all_reduce_kernel_us"] = statistics.median(testing.kernel_time_us(
+          n, tokens * hidden * 2, dtype="bfloat16", algorithm="oneshot_ll",
+          iters=opts.graph_iters)) - floor
+      row["graph_floor_us"] = floor
+      rows.append(row)
+      print(f"{tokens:3d} x {hidden:5d} bf16, {n} virtual ranks: composed {row['composed_us']:7.2f} us, "
+            f"fused {row['fused_us']:7.2f} us, {row['speedup']:.2f}x; kernels above the graph floor "
+            f"({floor:.2f} us): fused {row['fused_kernel_us']:.2f} us, one-shot LL all-reduce "
+            f"{row['all_reduce_kernel_us']:.2f} us; new_residual equal: {row['new_residual_equal']}, "
+            f"normed max |diff| {row['normed_max_abs_diff']:.3g}", flush=True)
+  return rows
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--processes", type=int, default=2)
@@ -129,7 +212,21 @@ def main() -> None:
   p.add_argument("--cpu", action="store_true", help="dry run on CPU devices (no kernels)")
   p.add_argument("--profile", action="store_true",
                  help="also the device time per kernel and step (JAX's profiler, process 0)")
+  p.add_argument("--virtual", type=lambda t: [int(v) for v in t.split(",")], default=None,
+                 help="N[,N...]: virtual ranks of GPU 0 in this process instead of processes")
+  p.add_argument("--graph-iters", type=int, default=200,
+                 help="--virtual: calls per CUDA graph for the kernel times")
+  p.add_argument("--no-command-buffer", action="store_true",
+                 help="--virtual: keep the virtual calls out of XLA's command buffers")
   opts = p.parse_args()
+  if opts.virtual:
+    if any(not 1 <= n <= 8 for n in opts.virtual):
+      sys.exit("--virtual takes rank counts in 1..8")
+    rows = virtual_rows(opts)
+    if opts.json:
+      with open(opts.json, "w") as f:
+        json.dump({"virtual": opts.virtual, "rows": rows}, f, indent=1)
+    return
   if opts.worker:
     worker(opts)
     return

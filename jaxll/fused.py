@@ -104,11 +104,16 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
 
 
 def _composed(x, residual, weight, axis_name, *, eps, algorithm):
-  reduced = all_reduce(x, axis_name, algorithm=algorithm)
-  new_residual = (reduced.astype(jnp.float32) + residual.astype(jnp.float32)).astype(x.dtype)
+  return residual_rmsnorm(all_reduce(x, axis_name, algorithm=algorithm), residual, weight, eps=eps)
+
+
+def residual_rmsnorm(reduced, residual, weight, *, eps: float):
+  """``(normed, new_residual)`` from an all-reduced ``reduced``: the math that
+  follows the all-reduce in the composition (and that the fused kernel does)."""
+  new_residual = (reduced.astype(jnp.float32) + residual.astype(jnp.float32)).astype(reduced.dtype)
   h = new_residual.astype(jnp.float32)
   inv = jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + jnp.float32(eps))
-  normed = (h * inv).astype(x.dtype) * weight.astype(x.dtype)
+  normed = (h * inv).astype(reduced.dtype) * weight.astype(reduced.dtype)
   return normed, new_residual
 
 

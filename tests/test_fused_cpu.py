@@ -339,3 +339,34 @@ def test_auto_leaves_to_xla_what_all_reduce_auto_would(mesh, monkeypatch, group,
   site = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"][-1]
   assert site.algorithm == "xla+composed" and site.reason.startswith("auto: "), site
   assert site.workspace == 0 and not made, made
+
+
+def test_fused_benchmark_virtual_mode_needs_a_gpu(tmp_path):
+  """--virtual runs jaxll's kernels on virtual ranks: without a GPU it says so
+  and exits non-zero (no traceback)."""
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "fused_rmsnorm.py"),
+                      "--virtual", "2", "--shapes", "1x128"], capture_output=True, text=True,
+                     cwd=str(tmp_path), timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert r.returncode != 0
+  assert "needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_virtual_fused_call_checks_its_operands():
+  """jaxll.testing.virtual_fused_rmsnorm refuses bad shapes and mixed dtypes
+  before it looks for a GPU."""
+  import jaxll.testing as jt
+  x = np.zeros((2, 3, 8), np.float32)
+  with pytest.raises(ValueError, match="residual must have"):
+    jt.virtual_fused_rmsnorm(x, x[0], np.zeros(8, np.float32))
+  with pytest.raises(ValueError, match="residual must have"):
+    jt.virtual_fused_rmsnorm(x, x, np.zeros(4, np.float32))
+  with pytest.raises(ValueError, match=r"\(N, \.\.\., hidden\)"):
+    jt.virtual_fused_rmsnorm(x[0, 0], x[0, 0], np.zeros(8, np.float32))
+  with pytest.raises(TypeError, match="share one of"):
+    jt.virtual_fused_rmsnorm(x, x.astype(np.float16), np.zeros(8, np.float32))
+  with pytest.raises(TypeError, match="share one of"):
+    jt.virtual_fused_rmsnorm(x.astype(np.int32), x.astype(np.int32), np.zeros(8, np.int32))
