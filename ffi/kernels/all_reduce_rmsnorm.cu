@@ -20,6 +20,11 @@
 // (all_reduce_common.cuh); call signatures are checked the same way (collective
 // code 1). All blocks of the grid are co-resident (the grid bound), so a block
 // waiting for its row's partial sums always ends.
+//
+// Two kernels do this: rmsnorm_kernel, for any cut, and rmsnorm_lean_kernel,
+// for the cuts where every block holds one segment of one row that one round
+// moves with at most one unit per thread (lean_plan(): the decode shapes), the
+// same steps without the loops over rows and chunks (see its comment).
 #include <algorithm>
 
 #include <cooperative_groups.h>
@@ -116,18 +121,37 @@ __device__ __forceinline__ void poison_segments(const RmsNormArgs& a, const Segm
   }
 }
 
-// The sum of `v` over the block (every thread gets it; every thread must call).
-__device__ __forceinline__ float block_sum(float v) {
+// The sum of `v` over the block (every thread gets it; every thread must call),
+// and whether every thread's *ok held: false in every thread's *ok otherwise
+// (so the one barrier also does what block_failed does). `again`: an earlier
+// call of this block may still be reading the partials (a barrier first).
+__device__ __forceinline__ float block_sum_ok(float v, bool* ok, bool again) {
   __shared__ float s_part[kBlockThreads / 32];
+  __shared__ int s_bad[kBlockThreads / 32];
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const bool bad = __any_sync(0xffffffffu, !*ok);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // s_part is free (an earlier call has finished reading it)
-  if (lane == 0) s_part[warp] = v;
+  if (again) __syncthreads();
+  if (lane == 0) {
+    s_part[warp] = v;
+    s_bad[warp] = bad ? 1 : 0;
+  }
   __syncthreads();
   float t = 0.f;
+  int any_bad = 0;
   const int warps = (blockDim.x + 31) / 32;
-  for (int w = 0; w < warps; ++w) t += s_part[w];  // the same order in every thread
+  for (int w = 0; w < warps; ++w) {  // the same order in every thread
+    t += s_part[w];
+    any_bad |= s_bad[w];
+  }
+  if (any_bad) *ok = false;
   return t;
+}
+
+// The sum of `v` over the block (every thread gets it; every thread must call).
+__device__ __forceinline__ float block_sum(float v) {
+  bool ok = true;
+  return block_sum_ok(v, &ok, true);
 }
 
 // The partial-sum packet of block `block` for row-waves of parity `parity`.
@@ -241,10 +265,48 @@ __device__ __forceinline__ void cluster_drain(const RmsNormArgs& a, const Segmen
   }
 }
 
+// new_residual's unit: the reduced sum plus the residual, added in float32
+// and rounded once; the squares of the rounded values go into *squares.
 template <class T>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel(RmsNormArgs a) {
+__device__ __forceinline__ Unit<8> residual_add(const Unit<8>& sum, const Unit<8>& rv,
+                                                float* squares) {
   using Tr = ElemTraits<T>;
   constexpr int E = 8 / static_cast<int>(sizeof(T));
+  T s[E], q[E], o[E];
+  memcpy(s, &sum.p[0], 8);
+  memcpy(q, &rv.p[0], 8);
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    o[e] = Tr::from_acc(Tr::to_acc(s[e]) + Tr::to_acc(q[e]));
+    const float h = Tr::to_acc(o[e]);
+    *squares += h * h;
+  }
+  Unit<8> out;
+  memcpy(&out.p[0], o, 8);
+  return out;
+}
+
+// normed's unit: new_residual times the inverse root mean square, rounded,
+// times the weight (in the element type).
+template <class T>
+__device__ __forceinline__ Unit<8> norm_unit(const Unit<8>& hv, const Unit<8>& wv, float inv) {
+  using Tr = ElemTraits<T>;
+  constexpr int E = 8 / static_cast<int>(sizeof(T));
+  T h[E], wt[E], o[E];
+  memcpy(h, &hv.p[0], 8);
+  memcpy(wt, &wv.p[0], 8);
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const T scaled = Tr::from_acc(Tr::to_acc(h[e]) * inv);
+    o[e] = Tr::from_acc(Tr::to_acc(scaled) * Tr::to_acc(wt[e]));
+  }
+  Unit<8> out;
+  memcpy(&out.p[0], o, 8);
+  return out;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel(RmsNormArgs a) {
   const RankView& v = a.base.view;
   const int n = v.nranks;
   const T* x = static_cast<const T*>(a.x);
@@ -310,18 +372,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
         Unit<8> sum;
         if (ok) ok = reduce_slot<0, Proto::kLL, T, SumOp, 8>(ch, n, i, own, &sum);
         Unit<8> out = poison_unit<8>();
-        if (ok) {
-          T s[E], q[E], o[E];
-          memcpy(s, &sum.p[0], 8);
-          memcpy(q, &rv.p[0], 8);
-#pragma unroll
-          for (int e = 0; e < E; ++e) {
-            o[e] = Tr::from_acc(Tr::to_acc(s[e]) + Tr::to_acc(q[e]));
-            const float h = Tr::to_acc(o[e]);
-            squares += h * h;
-          }
-          memcpy(&out.p[0], o, 8);
-        }
+        if (ok) out = residual_add<T>(sum, rv, &squares);
         if (single) kept_new = out;
         store_unit<T, 8>(nr, c0 + i, a.hidden, vec, out);
       }
@@ -352,16 +403,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
     for (int64_t u = g.u0 + threadIdx.x; u < g.u1; u += blockDim.x) {
       const Unit<8> hv = single ? kept_new : load_unit<T, 8>(nr, u, a.hidden, vec);
       const Unit<8> wv = single ? kept_w : load_unit<T, 8>(w, u, a.hidden, vec);
-      T h[E], wt[E], o[E];
-      memcpy(h, &hv.p[0], 8);
-      memcpy(wt, &wv.p[0], 8);
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        const T scaled = Tr::from_acc(Tr::to_acc(h[e]) * inv);
-        o[e] = Tr::from_acc(Tr::to_acc(scaled) * Tr::to_acc(wt[e]));
-      }
-      Unit<8> out;
-      memcpy(&out.p[0], o, 8);
+      const Unit<8> out = norm_unit<T>(hv, wv, inv);
       store_unit<T, 8>(no, u, a.hidden, vec, ok ? out : poison_unit<8>());
     }
   }
@@ -374,6 +416,104 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
     if (atomicAdd(&v.header->norm_done, 1ull) == gridDim.x - 1) {
       v.header->norm_done = 0;
       v.header->norm_tag = tag0 + static_cast<uint64_t>(a.waves);
+    }
+  }
+  if (block_failed(ok)) poison_segments<T>(a, g);
+  JAXLL_PHASE(5);
+}
+
+// The decode shape's kernel: every block holds one segment of one row that
+// one round moves with at most one unit per thread (one row-wave, one chunk:
+// lean_plan()), the rest as rmsnorm_kernel does it, with the same
+// exchanges, epochs, tags and failure handling, but none of its loops over
+// rows and chunks, 32-bit index math, and the loops over peers unrolled for
+// groups of 2, 4 and 8 (NR; 0: any n). Decode calls are latency-bound by the
+// kernel's instruction path (ncu, 16 x 8192 on one rank: the general kernel
+// executed about 980 instructions a warp, with register spills, where the
+// one-shot all-reduce executes about 120).
+template <class T, int NR>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_kernel(RmsNormArgs a) {
+  const RankView& v = a.base.view;
+  const int n = NR > 0 ? NR : v.nranks;
+  const bool vec = ((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.residual) |
+                     reinterpret_cast<uintptr_t>(a.weight) | reinterpret_cast<uintptr_t>(a.new_residual) |
+                     reinterpret_cast<uintptr_t>(a.normed)) % 8) == 0;
+  bool entered = false;
+  if (a.clustered) cluster_entry_arrive();
+  collective_prologue(a.base);
+  JAXLL_PHASE(0);
+  const int seg = static_cast<int>(blockIdx.x) % a.segments;
+  const int row = static_cast<int>(blockIdx.x) / a.segments;
+  const int span = static_cast<int>(a.seg_span);
+  const int u0 = seg * span;
+  const int len = min(static_cast<int>(a.row_units) - u0, span);
+  const bool slots = a.segments > 1 && !a.clustered;
+  const uint64_t tag0 = slots ? *reinterpret_cast<volatile uint64_t*>(&v.header->norm_tag) : 0;
+  Segment g;  // (for the failure paths shared with rmsnorm_kernel)
+  g.u0 = u0;
+  g.u1 = u0 + len;
+  g.group = row;
+  g.rows = row < a.tokens ? 1 : 0;
+  // This thread's unit of x, the residual and the weight, loaded before the
+  // epochs so that the latencies overlap.
+  const int i = static_cast<int>(threadIdx.x);
+  const bool mine = g.rows == 1 && i < len;
+  const size_t at = static_cast<size_t>(row) * static_cast<size_t>(a.row_units) + u0 + i;
+  Unit<8> xv{}, rv{}, wv{};
+  if (mine) {
+    xv = load_unit<T, 8>(static_cast<const T*>(a.x), at, a.tokens * a.hidden, vec);
+    rv = load_unit<T, 8>(static_cast<const T*>(a.residual), at, a.tokens * a.hidden, vec);
+    wv = load_unit<T, 8>(static_cast<const T*>(a.weight), u0 + i, a.hidden, vec);
+  }
+  const BlockStart bs = block_begin(v, static_cast<uint32_t>(g.rows));
+  JAXLL_PHASE(1);
+  if (bs.had_error) {
+    poison_segments<T>(a, g);
+    if (a.clustered) cluster_drain(a, g, 0, &entered);
+    return;
+  }
+  if (g.rows == 0) return;  // (never in a plan the host makes: every block has its row)
+  const int sig_lane = !v.signatures || n == 1 ? 0 : signature_lane(n);
+  send_signature(a.base, sig_lane, n, bs);
+  bool ok = signature_ok(a.base, sig_lane, n, bs);
+  const uint64_t epoch = bs.epoch;
+  const int parity = static_cast<int>(epoch & 1);
+  const Channel<Proto::kLL, T> ch(v, 0, static_cast<int>(blockIdx.x), parity, epoch);
+  if (ll16_refresh_due(epoch)) ll_refresh(v, epoch, parity);
+  if (mine) send_to_peers<NR>(ch, n, i, xv);
+  float squares = 0.f;
+  Unit<8> hv = poison_unit<8>();
+  if (mine) {
+    Unit<8> sum;
+    if (ok) ok = reduce_slot<NR, Proto::kLL, T, SumOp, 8>(ch, n, i, xv, &sum);
+    if (ok) hv = residual_add<T>(sum, rv, &squares);
+    store_unit<T, 8>(static_cast<T*>(a.new_residual), at, a.tokens * a.hidden, vec, hv);
+  }
+  // (the call's only round: no fence; block_sum_ok's barrier ends it)
+  JAXLL_PHASE(2);
+  const float part = block_sum_ok(squares, &ok, false);
+  if (!ok) {
+    poison_segments<T>(a, g);
+    if (a.clustered) cluster_drain(a, g, 0, &entered);
+    return;
+  }
+  const float total =
+      a.segments == 1 ? part
+      : a.clustered   ? cluster_row_total(part, 0, a.segments, &ok, &entered)
+                      : row_total(a, g, part, tag0 + 1, 0, epoch, &ok);
+  const float inv = rsqrtf(total / static_cast<float>(a.hidden) + a.eps);
+  JAXLL_PHASE(3);
+  if (mine) {
+    const Unit<8> out = norm_unit<T>(hv, wv, inv);
+    store_unit<T, 8>(static_cast<T*>(a.normed), at, a.tokens * a.hidden, vec,
+                     ok ? out : poison_unit<8>());
+  }
+  JAXLL_PHASE(4);
+  if (slots && threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&v.header->norm_done, 1ull) == gridDim.x - 1) {
+      v.header->norm_done = 0;
+      v.header->norm_tag = tag0 + 1;
     }
   }
   if (block_failed(ok)) poison_segments<T>(a, g);
@@ -394,10 +534,40 @@ const void* rmsnorm_kernel_for(DType dtype) {
   }
 }
 
+template <class T>
+const void* lean_fn(int nranks) {
+  switch (nranks) {
+    case 2: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 2>);
+    case 4: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 4>);
+    case 8: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 8>);
+    default: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 0>);
+  }
+}
+
+// The decode-shape kernel for `nranks` ranks (see rmsnorm_lean_kernel).
+const void* lean_kernel_for(DType dtype, int nranks) {
+  switch (dtype) {
+    case DType::kF32: return lean_fn<float>(nranks);
+    case DType::kBF16: return lean_fn<__nv_bfloat16>(nranks);
+    case DType::kF16: return lean_fn<__half>(nranks);
+    default: return nullptr;
+  }
+}
+
+// Whether a plan's cut fits rmsnorm_lean_kernel: one row-wave, one round a
+// segment, at most one unit a thread.
+bool lean_plan(const RmsNormPlan& p) {
+  return p.waves == 1 && p.chunk_units >= p.seg_span && p.seg_span <= p.threads;
+}
+
 }  // namespace
 
 std::vector<const void*> rmsnorm_kernel_functions() {
-  return {rmsnorm_fn<float>(), rmsnorm_fn<__nv_bfloat16>(), rmsnorm_fn<__half>()};
+  std::vector<const void*> out = {rmsnorm_fn<float>(), rmsnorm_fn<__nv_bfloat16>(),
+                                  rmsnorm_fn<__half>()};
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16})
+    for (int nr : {0, 2, 4, 8}) out.push_back(lean_kernel_for(d, nr));
+  return out;
 }
 
 const char* rmsnorm_unsupported(DType dtype, int64_t hidden, const RankView& view) {
@@ -528,7 +698,10 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
   a.chunk_units = plan.chunk_units;
   a.clustered = plan.cluster > 1 ? 1 : 0;
   a.base.trigger = plan.pdl ? 1 : 0;
-  return launch_collective(fn, plan.blocks, plan.threads, plan.pdl, &a, stream, plan.cluster);
+  // (the plan's cluster allowance and the grid bound hold for both kernels:
+  // the same launch bounds and static shared memory)
+  const void* run = lean_plan(plan) ? lean_kernel_for(dtype, view.nranks) : fn;
+  return launch_collective(run, plan.blocks, plan.threads, plan.pdl, &a, stream, plan.cluster);
 }
 
 }  // namespace jaxll
