@@ -4,8 +4,10 @@
       python benchmarks/ncu_driver.py --ranks 1 oneshot_ll:8 oneshot_sentinel:4096
 
 Each ALGORITHM:BYTES point is run as a CUDA graph of --iters calls replayed
---reps times (jaxll.testing.kernel_time_us); ncu serialises kernels, so only
---ranks 1 gives representative per-kernel figures.
+--reps times (jaxll.testing.kernel_time_us); fused:TOKENSxHIDDEN runs the fused
+all-reduce + RMSNorm kernel the same way (bf16; jaxll.testing.rmsnorm_kernel_time_us,
+kernel name rmsnorm_kernel). ncu serialises kernels, so only --ranks 1 gives
+representative per-kernel figures.
 """
 import argparse
 import os
@@ -18,9 +20,13 @@ p = argparse.ArgumentParser()
 p.add_argument("--ranks", type=int, default=1)
 p.add_argument("--iters", type=int, default=4)
 p.add_argument("--reps", type=int, default=2)
-p.add_argument("points", nargs="+", help="ALGORITHM:BYTES")
+p.add_argument("points", nargs="+", help="ALGORITHM:BYTES or fused:TOKENSxHIDDEN")
 a = p.parse_args()
 for pt in a.points:
-  algo, nbytes = pt.split(":")
-  us = jt.kernel_time_us(a.ranks, int(nbytes), algorithm=algo, iters=a.iters, reps=a.reps)
+  algo, size = pt.split(":")
+  if algo == "fused":
+    tokens, hidden = (int(v) for v in size.lower().split("x"))
+    us = jt.rmsnorm_kernel_time_us(a.ranks, tokens, hidden, iters=a.iters, reps=a.reps)
+  else:
+    us = jt.kernel_time_us(a.ranks, int(size), algorithm=algo, iters=a.iters, reps=a.reps)
   print(pt, [round(u, 2) for u in us], flush=True)
