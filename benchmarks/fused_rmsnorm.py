@@ -157,9 +157,9 @@ def virtual_rows(opts) -> list[dict]:
                             (n, tokens, hidden))
       r0 = jax.device_put(r0, dev)
       w = jax.device_put(jnp.ones(hidden, jnp.bfloat16), dev)
-      row = {"mode": "virtual", "tokens": tokens, "hidden": hidden, "dtype": "bfloat16",
-             "ranks": n, "command_buffer": not opts.no_command_buffer}
       cb = not opts.no_command_buffer
+      row = {"mode": "virtual", "tokens": tokens, "hidden": hidden, "dtype": "bfloat16",
+             "ranks": n, "command_buffer": cb}
 
       def composed(x, r, w):
         y = testing.virtual_all_reduce(x, algorithm="oneshot_ll", device=dev, command_buffer=cb)

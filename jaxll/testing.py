@@ -97,6 +97,10 @@ def virtual_all_reduce(x, *, op: str = "sum", algorithm: str = "oneshot_ll", dev
               op=np.int64(algorithms.OP_CODES[op]), skip_rank=np.int64(_skip_rank))
 
 
+# Element types of the fused all-reduce + residual + RMSNorm kernel.
+_FUSED_DTYPES = ("float32", "bfloat16", "float16")
+
+
 def virtual_fused_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None,
                           config: workspace.WorkspaceConfig | None = None,
                           command_buffer: bool = False):
@@ -113,8 +117,7 @@ def virtual_fused_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None
   if residual.shape != x.shape or weight.shape != x.shape[-1:]:
     raise ValueError(f"residual must have x's shape {x.shape} and weight {x.shape[-1:]}, got "
                      f"{residual.shape} and {weight.shape}")
-  if not (x.dtype == residual.dtype == weight.dtype) or x.dtype.name not in (
-      "float32", "bfloat16", "float16"):
+  if not (x.dtype == residual.dtype == weight.dtype) or x.dtype.name not in _FUSED_DTYPES:
     raise TypeError(f"x, residual and weight must share one of float32, bfloat16, float16; got "
                     f"{x.dtype}, {residual.dtype}, {weight.dtype}")
   ws = virtual_workspace(int(x.shape[0]), device=device, config=config)
@@ -310,7 +313,7 @@ def rmsnorm_kernel_time_us(nranks: int, tokens: int, hidden: int, *, dtype="bflo
   as :func:`kernel_time_us` measures the all-reduce (subtract
   :func:`graph_floor_us` for the kernel's own time)."""
   dtype = np.dtype(jax.numpy.dtype(dtype))
-  if dtype.name not in ("float32", "bfloat16", "float16"):
+  if dtype.name not in _FUSED_DTYPES:
     raise TypeError(f"rmsnorm_kernel_time_us: no fused kernel for {dtype}")
   ws = virtual_workspace(nranks, device=device, config=config)
   return list(ext.virtual_rmsnorm_bench(ws.id, algorithms.DTYPE_CODES[dtype.name], int(tokens),
