@@ -29,6 +29,8 @@ TWOSHOT_BARRIER = "twoshot_barrier"
 _OPS = ("sum", "max", "min")
 _DTYPES = ("float32", "bfloat16", "float16", "int32")
 _WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
+# the fused all_reduce_rmsnorm kernel's exchange (auto: the kernel chooses)
+_RMSNORM_PROTOCOLS = ("auto", "ll", "sentinel")
 _KERNEL_NAMES = (ONESHOT_LL, ONESHOT_SENTINEL, TWOSHOT_LL, TWOSHOT_SENTINEL,
                  TWOSHOT_LL128_ATOMIC, ONESHOT_BARRIER, TWOSHOT_BARRIER)
 
@@ -42,10 +44,11 @@ def _codes() -> dict:
   if ext is None:
     return {"algorithms": {XLA: 0, **{n: i + 1 for i, n in enumerate(_KERNEL_NAMES)}},
             "dtypes": {n: i for i, n in enumerate(_DTYPES)},
-            "ops": {n: i for i, n in enumerate(_OPS)}}
+            "ops": {n: i for i, n in enumerate(_OPS)},
+            "rmsnorm_protocols": {n: i for i, n in enumerate(_RMSNORM_PROTOCOLS)}}
   native = ext.codes()
   for kind, names in (("algorithms", (XLA,) + _KERNEL_NAMES), ("dtypes", _DTYPES),
-                      ("ops", _OPS)):
+                      ("ops", _OPS), ("rmsnorm_protocols", _RMSNORM_PROTOCOLS)):
     if set(native[kind]) != set(names):
       raise ImportError(f"jaxll: the compiled extension's {kind} {sorted(native[kind])} "
                         f"differ from the Python package's {sorted(names)}: rebuild jaxll")
@@ -57,6 +60,8 @@ _NATIVE = _codes()
 OP_CODES: dict[str, int] = dict(_NATIVE["ops"])
 DTYPE_CODES: dict[str, int] = dict(_NATIVE["dtypes"])
 _ALGORITHM_CODES: dict[str, int] = dict(_NATIVE["algorithms"])
+#: The fused kernel's protocol codes, by name ("auto", "ll", "sentinel").
+RMSNORM_PROTOCOL_CODES: dict[str, int] = dict(_NATIVE["rmsnorm_protocols"])
 
 
 @dataclasses.dataclass(frozen=True)

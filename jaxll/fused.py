@@ -3,11 +3,15 @@ followed by the residual add and the RMSNorm of the next layer's input, the
 pattern of every tensor-parallel decoder block.
 
 ``algorithm="fused"`` asks for the single kernel that does all three on the
-one-shot LL16 path (``ffi/kernels/all_reduce_rmsnorm.cu``); ``algorithm="auto"``
+one-shot path (``ffi/kernels/all_reduce_rmsnorm.cu``), its exchange LL16 or,
+for calls of 64 KiB and more that its decode-shape cut serves, the sentinel
+protocol (``"fused_ll"`` / ``"fused_sentinel"`` name one); ``algorithm="auto"``
 (the default) takes it where it was measured faster: at most
-``FUSED_AUTO_MAX_BYTES`` (128 KiB) of ``x`` per rank, a decode step's few tokens
-(1-8 tokens at hidden 8192 in bfloat16; ``benchmarks/README.md``, "Fused
-all-reduce + RMSNorm"), unless jaxll.all_reduce's auto would leave that
+``FUSED_AUTO_MAX_BYTES`` (128 KiB) of ``x`` per rank, and in groups of 2 up to
+``FUSED_SENTINEL_AUTO_MAX_BYTES[2]`` (256 KiB) where the kernel runs on the
+sentinel exchange: a decode step's few tokens (1-8 tokens at hidden 8192 in
+bfloat16, 16 in groups of 2; ``benchmarks/README.md``, "Fused all-reduce +
+RMSNorm"), unless jaxll.all_reduce's auto would leave that
 all-reduce to XLA (a group of one device, ``JAXLL_AUTO_MAX_BYTES``). Otherwise, or with a jaxll.all_reduce algorithm
 named, it is the composition of :func:`jaxll.all_reduce` (its kernels, its
 auto choice, its XLA fallback) and the norm math, which XLA fuses into one
@@ -25,9 +29,16 @@ from jax._src import core
 from jax._src.interpreters import batching, mlir
 
 from jaxll import algorithms, call_sites, lowering
+from jaxll._ext import ext
 from jaxll.all_reduce import _check_axes_bound, _normalize_axes, all_reduce
 
 FUSED = "fused"
+# The fused kernel with its exchange named: "fused" lets the kernel choose
+# (LL16, or sentinel for the calls where it measured faster).
+FUSED_LL = "fused_ll"
+FUSED_SENTINEL = "fused_sentinel"
+_FUSED_NAMES = (FUSED, FUSED_LL, FUSED_SENTINEL)
+_PROTOCOL_OF = {FUSED_LL: "ll", FUSED_SENTINEL: "sentinel"}
 # (the primitive's `requested` for a call that must take the composition: auto
 # under vmap with more rows than FUSED_AUTO_MAX_BYTES)
 COMPOSED = "composed"
@@ -37,6 +48,25 @@ COMPOSED = "composed"
 # 0.95-1.14x at 256 KiB, at most 1.0x from 512 KiB (one exception, 1.24x).
 # Not measured across GPUs.
 FUSED_AUTO_MAX_BYTES = 128 * 1024
+# ... and, for the group sizes listed, up to this many where the kernel runs on
+# the sentinel exchange (its decode-shape cut; the kernel's own protocol
+# choice). Measured on one H200, bfloat16, hidden 8192 (benchmarks/README.md,
+# "Session 11"): 16 tokens (256 KiB) with 2 processes 1.41-1.43x the
+# composition, on 2 virtual ranks 1.43x; at 8 ranks the composition's two-shot
+# all-reduce is faster from 16 tokens on virtual ranks (0.63x), so 8 is not
+# listed; 4 was not measured.
+FUSED_SENTINEL_AUTO_MAX_BYTES: dict[int, int] = {2: 256 * 1024}
+
+
+def fused_auto_max_bytes(group_size: int, sentinel: bool) -> int:
+  """The most bytes of x per rank for which algorithm="auto" takes the fused
+  kernel in a group of `group_size`, on the sentinel exchange or not."""
+  if sentinel:
+    return max(FUSED_AUTO_MAX_BYTES, FUSED_SENTINEL_AUTO_MAX_BYTES.get(group_size, 0))
+  return FUSED_AUTO_MAX_BYTES
+
+# (no group's auto limit is higher: beyond it, auto is the composition at once)
+_AUTO_CEILING = max([FUSED_AUTO_MAX_BYTES, *FUSED_SENTINEL_AUTO_MAX_BYTES.values()])
 
 _FLOATS = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
 
@@ -64,8 +94,9 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
     axis_name: mesh axis name (or tuple of names) to reduce over.
     eps: added to the mean square before the reciprocal square root.
     algorithm: ``"auto"``: the fused kernel for at most
-      ``FUSED_AUTO_MAX_BYTES`` of ``x`` per rank, else the composition with
-      jaxll.all_reduce's auto choice; ``"fused"``: one kernel for all three
+      ``FUSED_AUTO_MAX_BYTES`` of ``x`` per rank (more where it runs on the
+      sentinel exchange in a group that ``FUSED_SENTINEL_AUTO_MAX_BYTES``
+      lists), else the composition with jaxll.all_reduce's auto choice; ``"fused"``: one kernel for all three
       steps where a jaxll workspace serves the axes (float32/bfloat16/float16,
       the hidden size's bytes a multiple of 8), else the composition; any
       other jaxll.all_reduce algorithm: the composition with that all-reduce.
@@ -91,9 +122,9 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
   if not eps >= 0:
     raise ValueError(f"jaxll.all_reduce_rmsnorm: eps must be >= 0, got {eps}")
   nbytes = int(np.prod(x.shape)) * x.dtype.itemsize
-  if algorithm == "auto" and nbytes > FUSED_AUTO_MAX_BYTES:
+  if algorithm == "auto" and nbytes > _AUTO_CEILING:
     return _composed(x, residual, weight, axis_name, eps=eps, algorithm="auto")
-  if algorithm not in (FUSED, "auto"):
+  if algorithm not in _FUSED_NAMES + ("auto",):
     return _composed(x, residual, weight, axis_name, eps=eps, algorithm=algorithm)
   axes = _normalize_axes(axis_name)
   if not axes:
@@ -152,11 +183,12 @@ def _batch(axis_data, vals_in, dims_in, *, axes, eps, requested, site):
   """vmap: a batch dimension of x and residual is more rows for the same kernel
   (moved to the front, an unbatched operand broadcast); a batched weight, a
   reduction over the vmapped axis itself, or (for auto) rows beyond
-  FUSED_AUTO_MAX_BYTES take the composition under vmap."""
+  any group's auto limit take the composition under vmap (below it, the
+  lowering decides as for any call)."""
   x, residual, weight = vals_in
   dx, dr, dw = dims_in
   rows_bytes = int(np.prod(x.shape)) * x.dtype.itemsize * (axis_data.size if dx is None else 1)
-  if requested == "auto" and rows_bytes > FUSED_AUTO_MAX_BYTES:
+  if requested == "auto" and rows_bytes > _AUTO_CEILING:
     requested = COMPOSED  # (more rows than auto gives the kernel: the same primitive, composed)
   if dw is not None or axis_data.name in axes:
     # (the all-reduce of this composition is traced here, where JAX's traceback
@@ -185,6 +217,13 @@ def _composed_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
         multiple_results=True)(ctx, x, residual, weight)
 
 
+def _kernel_plan(ws: int, dtype: np.dtype, tokens: int, hidden: int, protocol: int) -> dict:
+  """How workspace `ws`'s rank here cuts the call (the native plan: "blocks",
+  0 where the protocol asked for cannot serve it, and "protocol", the exchange
+  taken: "ll" or "sentinel")."""
+  return ext.rmsnorm_plan(ws, algorithms.DTYPE_CODES[dtype.name], tokens, hidden, protocol)
+
+
 def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
   aval = ctx.avals_in[0]
   if requested == COMPOSED:  # (its all-reduce records the call site)
@@ -206,14 +245,38 @@ def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
     ws, reason = 0, f"no fused kernel for {np.dtype(aval.dtype)}"
   if ws and (hidden * np.dtype(aval.dtype).itemsize) % 8:
     ws, reason = 0, "the hidden size's bytes are not a multiple of 8"
+  if ws and not aval.size:
+    ws, reason = 0, "no elements"
   if ws:
+    protocol = _PROTOCOL_OF.get(requested, "auto")
+    code = algorithms.RMSNORM_PROTOCOL_CODES[protocol]
+    tokens = int(aval.size) // hidden
+    plan = _kernel_plan(ws, np.dtype(aval.dtype), tokens, hidden, code)
+    nbytes = int(aval.size) * np.dtype(aval.dtype).itemsize
+    limit = fused_auto_max_bytes(group_size, plan["protocol"] == "sentinel")
+    if requested == "auto" and nbytes > limit:
+      ws, reason = 0, (f"auto: {nbytes} B per rank, above the fused kernel's auto limit "
+                       f"{limit} for N={group_size} on its {plan['protocol']} exchange "
+                       f"(FUSED_AUTO_MAX_BYTES, FUSED_SENTINEL_AUTO_MAX_BYTES)")
+  if ws:
+    if not plan["blocks"]:
+      raise ValueError(
+          f"jaxll.all_reduce_rmsnorm(algorithm={requested!r}): the sentinel exchange cannot "
+          f"serve {tuple(aval.shape)} {np.dtype(aval.dtype)} on this workspace (a row's bytes "
+          f"must be a multiple of 16, and the call must fit the decode-shape kernel's one "
+          f"round, a 16-byte unit a thread); use 'fused' or 'fused_ll'")
     results = lowering.emit_ordered_call(ctx, "jaxll_all_reduce_rmsnorm",
                                          [x, residual, weight], workspace=ws,
-                                         eps=np.float32(eps))
-    algorithm, reason = "fused_oneshot_ll", (
-        "algorithm='fused' requested" if requested == FUSED else
-        f"auto: {int(aval.size) * np.dtype(aval.dtype).itemsize} B per rank, at most "
-        f"FUSED_AUTO_MAX_BYTES = {FUSED_AUTO_MAX_BYTES} (measured faster than the composition)")
+                                         eps=np.float32(eps), protocol=np.int32(code))
+    algorithm = f"fused_oneshot_{plan['protocol']}"
+    limit_name = ("FUSED_AUTO_MAX_BYTES" if nbytes <= FUSED_AUTO_MAX_BYTES else
+                  f"FUSED_SENTINEL_AUTO_MAX_BYTES[{group_size}]")
+    reason = (
+        f"algorithm={requested!r} requested" if requested in _FUSED_NAMES else
+        f"auto: {nbytes} B per rank, at most {limit_name} = {limit} (measured faster than "
+        f"the composition)")
+    if protocol == "auto":
+      reason += f"; {plan['protocol']} exchange (the kernel's choice)"
   else:
     results = _composed_lowering(ctx, x, residual, weight, axes=axes, eps=eps,
                                  requested=requested, site=site)

@@ -101,16 +101,26 @@ def virtual_all_reduce(x, *, op: str = "sum", algorithm: str = "oneshot_ll", dev
 _FUSED_DTYPES = ("float32", "bfloat16", "float16")
 
 
+def _protocol_code(protocol: str) -> int:
+  codes = algorithms.RMSNORM_PROTOCOL_CODES
+  if protocol not in codes:
+    raise ValueError(f"protocol must be one of {sorted(codes)}, got {protocol!r}")
+  return codes[protocol]
+
+
 def virtual_fused_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None,
                           config: workspace.WorkspaceConfig | None = None,
-                          command_buffer: bool = False):
+                          command_buffer: bool = False, protocol: str = "auto"):
   """The fused all-reduce + residual + RMSNorm kernel on N virtual ranks, as one
   XLA custom call (composes with ``jax.jit``, as :func:`virtual_all_reduce`):
   ``x`` and ``residual`` are ``(N, ..., hidden)`` (row r is rank r's),
   ``weight`` is ``(hidden,)``, all of one dtype (float32, bfloat16, float16).
   Returns ``(normed, new_residual)``, each of x's shape: rank r's outputs in row
   r (bitwise equal across rows where the residual rows are equal).
-  ``command_buffer`` as for :func:`virtual_all_reduce`."""
+  ``command_buffer`` as for :func:`virtual_all_reduce`; ``protocol``: the
+  kernel's exchange, ``"auto"`` (the kernel's choice), ``"ll"`` or
+  ``"sentinel"`` (a call sentinel cannot serve fails when it runs)."""
+  code = _protocol_code(protocol)
   x, residual, weight = (jax.numpy.asarray(a) for a in (x, residual, weight))
   if x.ndim < 2:
     raise ValueError("virtual_fused_rmsnorm needs x of shape (N, ..., hidden)")
@@ -124,13 +134,14 @@ def virtual_fused_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None
   out = jax.ShapeDtypeStruct(x.shape, x.dtype)
   call = jax.ffi.ffi_call("jaxll_virtual_all_reduce_rmsnorm" + ("_graph" if command_buffer else ""),
                           (out, out))
-  return tuple(call(x, residual, weight, comm=np.int64(ws.id), eps=np.float32(eps)))
+  return tuple(call(x, residual, weight, comm=np.int64(ws.id), eps=np.float32(eps),
+                    protocol=np.int32(code)))
 
 
 def virtual_all_reduce_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None,
                                config: workspace.WorkspaceConfig | None = None,
                                absent_rank: int | None = None, late_rank: int | None = None,
-                               delay_us: int = 0):
+                               delay_us: int = 0, protocol: str = "auto"):
   """The fused all-reduce + residual + RMSNorm kernel on N virtual ranks:
   ``x`` is ``(N, tokens, hidden)`` (row r is rank r's partial sums), residual
   ``(tokens, hidden)`` and weight ``(hidden,)`` of x's dtype (float32,
@@ -143,7 +154,11 @@ def virtual_all_reduce_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device
   ``(normed, new_residual, error)`` with the first recorded error (the absent
   rank's outputs stay zero); nothing is raised. With ``late_rank`` set, that
   rank's call is queued 2 ms after the others', behind a one-thread kernel of
-  ``delay_us`` microseconds (it must still find room on the GPU)."""
+  ``delay_us`` microseconds (it must still find room on the GPU).
+
+  ``protocol``: the kernel's exchange, ``"auto"`` (the kernel's choice),
+  ``"ll"`` or ``"sentinel"`` (ValueError where sentinel cannot serve)."""
+  code = _protocol_code(protocol)
   x = np.asarray(x)
   dtype = np.dtype(x.dtype)
   if x.ndim != 3:
@@ -161,7 +176,7 @@ def virtual_all_reduce_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device
       ws.id, algorithms.DTYPE_CODES[dtype.name], np.ascontiguousarray(x).tobytes(),
       residual.tobytes(), weight.tobytes(), int(tokens), int(hidden), float(eps),
       -1 if absent_rank is None else int(absent_rank),
-      -1 if late_rank is None else int(late_rank), int(delay_us))
+      -1 if late_rank is None else int(late_rank), int(delay_us), code)
   shape = (n, tokens, hidden)
   out = (np.frombuffer(normed, dtype).reshape(shape).copy(),
          np.frombuffer(new_residual, dtype).reshape(shape).copy())
@@ -307,17 +322,20 @@ def kernel_time_us(nranks: int, nbytes: int, *, dtype="float32", op: str = "sum"
 
 def rmsnorm_kernel_time_us(nranks: int, tokens: int, hidden: int, *, dtype="bfloat16",
                            iters: int = 200, reps: int = 20, device=None,
-                           config: workspace.WorkspaceConfig | None = None) -> list[float]:
+                           config: workspace.WorkspaceConfig | None = None,
+                           protocol: str = "auto") -> list[float]:
   """Kernel time per call (µs, one value per repetition) of the fused
   all-reduce + residual + RMSNorm kernel, ``tokens x hidden`` per rank, measured
   as :func:`kernel_time_us` measures the all-reduce (subtract
-  :func:`graph_floor_us` for the kernel's own time)."""
+  :func:`graph_floor_us` for the kernel's own time). ``protocol`` as for
+  :func:`virtual_all_reduce_rmsnorm`."""
+  code = _protocol_code(protocol)
   dtype = np.dtype(jax.numpy.dtype(dtype))
   if dtype.name not in _FUSED_DTYPES:
     raise TypeError(f"rmsnorm_kernel_time_us: no fused kernel for {dtype}")
   ws = virtual_workspace(nranks, device=device, config=config)
   return list(ext.virtual_rmsnorm_bench(ws.id, algorithms.DTYPE_CODES[dtype.name], int(tokens),
-                                        int(hidden), int(iters), int(reps)))
+                                        int(hidden), int(iters), int(reps), code))
 
 
 def gather_scatter_time_us(nranks: int, nbytes: int, *, collective: str = "all_gather",

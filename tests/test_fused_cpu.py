@@ -144,9 +144,21 @@ def test_fused_request_falls_back_to_the_composition_on_cpu(mesh):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def _cuda_text(mesh, monkeypatch, hidden, body=None):
-  """Lowered for CUDA (no GPU needed) with the workspace lookup forced to 7."""
-  from jaxll import lowering
+def _cuda_text(mesh, monkeypatch, hidden, body=None, sentinel_serves=True):
+  """Lowered for CUDA (no GPU needed) with the workspace lookup forced to 7
+  (and the kernel's plan: LL16 for protocol auto and ll, sentinel where asked
+  for if `sentinel_serves`, else no plan)."""
+  from jaxll import algorithms, lowering
+  from jaxll import fused as fused_mod
+  sentinel = algorithms.RMSNORM_PROTOCOL_CODES["sentinel"]
+
+  def plan(ws, dtype, tokens, hidden, protocol):
+    assert ws == 7 and tokens * hidden > 0
+    if protocol != sentinel:
+      return {"blocks": 4, "protocol": "ll"}
+    return {"blocks": 4 if sentinel_serves else 0, "protocol": "sentinel"}
+
+  monkeypatch.setattr(fused_mod, "_kernel_plan", plan)
   monkeypatch.setattr(lowering, "workspace_for", lambda ctx, axes: (7, 8, ""))
   monkeypatch.setattr(lowering, "decide", lambda ctx, aval, axes, op, requested:
                       lowering.Decision("oneshot_ll", "forced by the test", 7, 8))
@@ -173,8 +185,42 @@ def test_fused_request_lowers_to_the_kernel_in_the_order_chain(mesh, monkeypatch
       rf"{order_in.split('#')[0]} = stablehlo\.custom_call @jaxll_join\({check}\b", text)), text
   assert after[3].split(", ")[-1] == fused[0] + "#2"               # the next call after it
   assert "eps = 9.99999974E-6 : f32" in text and "comm = 7" in text
+  assert "protocol = 0 : i32" in text  # ("fused": the kernel's choice)
   sites = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"]
   assert sites and sites[-1].algorithm == "fused_oneshot_ll"
+  assert sites[-1].reason.endswith("ll exchange (the kernel's choice)"), sites[-1].reason
+
+
+@pytest.mark.parametrize("algorithm,code,path", [("fused_ll", 1, "fused_oneshot_ll"),
+                                                 ("fused_sentinel", 2, "fused_oneshot_sentinel")])
+def test_named_protocols_reach_the_kernel(mesh, monkeypatch, algorithm, code, path):
+  from jaxll import algorithms
+  assert algorithms.RMSNORM_PROTOCOL_CODES == {"auto": 0, "ll": 1, "sentinel": 2}
+
+  def body(x, r, w):
+    return jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm=algorithm)
+
+  text = _cuda_text(mesh, monkeypatch, hidden=64, body=body)
+  assert text.count("@jaxll_all_reduce_rmsnorm(") == 1 and f"protocol = {code} : i32" in text
+  site = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"][-1]
+  assert (site.requested, site.algorithm) == (algorithm, path)
+  assert site.reason == f"algorithm={algorithm!r} requested"
+
+
+def test_sentinel_request_it_cannot_serve_is_refused_at_lowering(mesh, monkeypatch):
+  body = lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm="fused_sentinel")
+  with pytest.raises(ValueError, match="the sentinel exchange cannot serve"):
+    _cuda_text(mesh, monkeypatch, hidden=64, body=body, sentinel_serves=False)
+
+
+@pytest.mark.parametrize("algorithm", ["fused_ll", "fused_sentinel"])
+def test_named_protocols_take_the_composition_on_cpu(mesh, algorithm):
+  args = _put(mesh, *_inputs(jnp.bfloat16, seed=6))
+  got = _shard(mesh, lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm=algorithm),
+               True)(*args)
+  want = _shard(mesh, lambda x, r, w: _reference(x, r, w, 1e-6), True)(*args)
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
 
 
 def test_fused_request_with_an_odd_hidden_size_takes_the_composition(mesh, monkeypatch):
@@ -222,6 +268,10 @@ def test_fused_benchmark_shapes_option():
   for bad in ("3y4", "0x8192", "8x", "x"):
     with pytest.raises(argparse.ArgumentTypeError):
       bench.parse_shapes(bad)
+  assert bench.parse_fused("fused_ll,fused_sentinel") == ["fused_ll", "fused_sentinel"]
+  for bad in ("", "fused_ll128", "fused,ll"):
+    with pytest.raises(argparse.ArgumentTypeError):
+      bench.parse_fused(bad)
 
 
 @pytest.mark.parametrize("hidden,fused", [(64, True), (12288, False)])
@@ -242,6 +292,33 @@ def test_auto_lowers_to_the_kernel_up_to_the_measured_size(mesh, monkeypatch, hi
     site = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"][-1]
     assert (site.requested, site.algorithm) == ("auto", "fused_oneshot_ll")
     assert site.reason.startswith("auto: 768 B per rank"), site.reason
+
+
+@pytest.mark.parametrize("group,fused", [(2, True), (8, False)])
+def test_auto_takes_the_sentinel_kernel_up_to_its_own_limit(mesh, monkeypatch, group, fused):
+  # 3 x 12288 float32 = 144 KiB per rank: above FUSED_AUTO_MAX_BYTES, within
+  # FUSED_SENTINEL_AUTO_MAX_BYTES[2]: the kernel in a group of 2 where its plan
+  # is on the sentinel exchange; not on LL16, not in a group of 8
+  from jaxll import fused as fused_mod
+  from jaxll import lowering
+  assert fused_mod.FUSED_AUTO_MAX_BYTES < 3 * 12288 * 4 <= fused_mod.FUSED_SENTINEL_AUTO_MAX_BYTES[2]
+  assert 8 not in fused_mod.FUSED_SENTINEL_AUTO_MAX_BYTES
+  body = lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp")
+  text = _cuda_text(mesh, monkeypatch, hidden=12288, body=body)
+  assert "jaxll_all_reduce_rmsnorm" not in text  # (the fake plan: LL16 for auto)
+  monkeypatch.setattr(fused_mod, "_kernel_plan", lambda *a: {"blocks": 4, "protocol": "sentinel"})
+  monkeypatch.setattr(lowering, "workspace_for", lambda ctx, axes: (7, group, ""))
+  f = _shard(mesh, body, True)
+  x, residual, weight = _inputs(np.float32, hidden=12288)
+  text = f.trace(*_put(mesh, x, residual, weight)).lower(lowering_platforms=("cuda",)).as_text()
+  site = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"][-1]
+  if fused:
+    assert text.count("@jaxll_all_reduce_rmsnorm(") == 1 and "protocol = 0 : i32" in text
+    assert (site.requested, site.algorithm) == ("auto", "fused_oneshot_sentinel")
+    assert "at most FUSED_SENTINEL_AUTO_MAX_BYTES[2]" in site.reason, site.reason
+  else:
+    assert "jaxll_all_reduce_rmsnorm" not in text
+    assert site.algorithm == "xla+composed" and "auto limit 131072 for N=8" in site.reason
 
 
 def _vmapped(case, f):
@@ -302,7 +379,9 @@ def test_vmap_over_a_reduced_axis_name(mesh, algorithm):
 def test_auto_under_vmap_counts_the_batched_rows(mesh, monkeypatch, batch, fused):
   # 3 x 256 float32 = 3 KiB per vmapped call: 2 of them (6 KiB) stay on the
   # kernel, 64 (192 KiB) exceed FUSED_AUTO_MAX_BYTES and take the composition
+  from jaxll import fused as fused_mod
   from jaxll import lowering
+  monkeypatch.setattr(fused_mod, "_kernel_plan", lambda *a: {"blocks": 4, "protocol": "ll"})
   monkeypatch.setattr(lowering, "workspace_for", lambda ctx, axes: (7, 8, ""))
   monkeypatch.setattr(lowering, "decide", lambda ctx, aval, axes, op, requested:
                       lowering.Decision("oneshot_ll", "forced by the test", 7, 8))
@@ -370,3 +449,8 @@ def test_virtual_fused_call_checks_its_operands():
     jt.virtual_fused_rmsnorm(x, x.astype(np.float16), np.zeros(8, np.float32))
   with pytest.raises(TypeError, match="share one of"):
     jt.virtual_fused_rmsnorm(x.astype(np.int32), x.astype(np.int32), np.zeros(8, np.int32))
+  for tool, args in ((jt.virtual_fused_rmsnorm, (x, x, np.zeros(8, np.float32))),
+                     (jt.virtual_all_reduce_rmsnorm, (x, x[0], np.zeros(8, np.float32))),
+                     (jt.rmsnorm_kernel_time_us, (2, 1, 128))):
+    with pytest.raises(ValueError, match="protocol must be one of"):
+      tool(*args, protocol="ll128")

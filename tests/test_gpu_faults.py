@@ -98,15 +98,17 @@ def test_late_rank_behind_a_second_kernel_is_not_starved(n, kernels):
   assert got == [0] * n and jaxll.errors() == [], (got, jaxll.errors())
 
 
-@pytest.mark.parametrize("n,tokens,hidden", [(2, 1, 8192), (4, 8, 4096), (8, 3, 5120),
-                                             (3, 40, 1024)])
-def test_fused_call_with_an_absent_rank_is_poisoned_then_recovers(n, tokens, hidden):
+@pytest.mark.parametrize("n,tokens,hidden,protocol", [
+    (2, 1, 8192, "auto"), (4, 8, 4096, "auto"), (8, 3, 5120, "auto"), (3, 40, 1024, "auto"),
+    (2, 16, 8192, "sentinel"), (4, 8, 4096, "sentinel"), (8, 3, 5120, "sentinel")])
+def test_fused_call_with_an_absent_rank_is_poisoned_then_recovers(n, tokens, hidden, protocol):
   """A rank that never makes its fused all_reduce_rmsnorm call: the others give
   up after the timeout with both outputs wholly poisoned, the next call (the
   error still recorded) is poisoned at once, and after a reset the same
   workspace gives the right result. Rows split over blocks (clusters on
   Hopper, whose blocks must still meet at every row's exchange) and whole-row
-  blocks are both covered."""
+  blocks are both covered; on the sentinel exchange, the reset also refills
+  the scratch the absent rank's peers left written."""
   rng = np.random.default_rng(tokens * hidden)
   x = rng.standard_normal((n, tokens, hidden)).astype(jnp.bfloat16)
   residual = rng.standard_normal((tokens, hidden)).astype(jnp.bfloat16)
@@ -114,7 +116,7 @@ def test_fused_call_with_an_absent_rank_is_poisoned_then_recovers(n, tokens, hid
   for attempt in range(2):
     t0 = time.monotonic()
     normed, new, err = jt.virtual_all_reduce_rmsnorm(x, residual, weight, config=CFG,
-                                                     absent_rank=n - 1)
+                                                     absent_rank=n - 1, protocol=protocol)
     took = time.monotonic() - t0
     assert "waited more than 300 ms" in err, err
     assert took < 5, took
@@ -122,7 +124,9 @@ def test_fused_call_with_an_absent_rank_is_poisoned_then_recovers(n, tokens, hid
       assert (normed[r].view(np.uint16) == 0xFFFF).all(), (attempt, r)
       assert (new[r].view(np.uint16) == 0xFFFF).all(), (attempt, r)
   jaxll.reset()
-  normed, new = jt.virtual_all_reduce_rmsnorm(x, residual, weight, config=CFG)
+  for _ in range(2):
+    normed, new = jt.virtual_all_reduce_rmsnorm(x, residual, weight, config=CFG,
+                                                protocol=protocol)
   s = x[0].astype(np.float32)
   for r in range(1, n):
     s = s + x[r].astype(np.float32)

@@ -258,8 +258,9 @@ def test_jitted_chain_of_virtual_calls():
   assert (_bits(out) == _bits(out)[0:1]).all()
 
 
-@pytest.mark.parametrize("command_buffer", [False, True])
-def test_jitted_chain_of_virtual_fused_calls(command_buffer):
+@pytest.mark.parametrize("command_buffer,protocol", [(False, "auto"), (True, "auto"),
+                                                     (True, "sentinel")])
+def test_jitted_chain_of_virtual_fused_calls(command_buffer, protocol):
   # the jittable virtual fused call (and its command-buffer twin), in a chain
   # as benchmarks/fused_rmsnorm.py --virtual runs it: each step equals the
   # numpy-driven tool's result for the same inputs, and a chain of 12 steps is
@@ -270,9 +271,10 @@ def test_jitted_chain_of_virtual_fused_calls(command_buffer):
   res = np.broadcast_to(rng.standard_normal((tokens, hidden)).astype(jnp.bfloat16),
                         (n, tokens, hidden))
   w = (1 + 0.1 * rng.standard_normal(hidden)).astype(jnp.bfloat16)
-  step = lambda a, r, w: jt.virtual_fused_rmsnorm(a, r, w, command_buffer=command_buffer)
+  step = lambda a, r, w: jt.virtual_fused_rmsnorm(a, r, w, command_buffer=command_buffer,
+                                                  protocol=protocol)
   normed, new = (np.asarray(v) for v in jax.jit(step)(x, res, w))
-  want_normed, want_new = jt.virtual_all_reduce_rmsnorm(x, res[0], w)
+  want_normed, want_new = jt.virtual_all_reduce_rmsnorm(x, res[0], w, protocol=protocol)
   np.testing.assert_array_equal(normed.view(np.uint16), want_normed.view(np.uint16))
   np.testing.assert_array_equal(new.view(np.uint16), want_new.view(np.uint16))
 
@@ -448,4 +450,93 @@ def test_fused_all_reduce_rmsnorm_on_virtual_ranks(n, tokens, hidden, dtype, scr
   tol = {2: 1.6e-2 if dtype == jnp.bfloat16 else 2e-3, 4: 2e-6}[np.dtype(dtype).itemsize]
   np.testing.assert_allclose(normed[0].astype(np.float64), want_normed.astype(np.float64),
                              rtol=2 * tol, atol=2 * tol)
+  jaxll.check_errors()
+
+
+# The fused kernel on the sentinel exchange (protocol="sentinel"): the shapes
+# it serves (a row's bytes a multiple of 16, one round of the decode-shape
+# kernel). 16 x 8192 at 8 ranks is such a cut only where a rank's grid bound
+# holds 2 blocks a row (128 SMs or more: H100/H200).
+_SENTINEL_SHAPES = [(1, 4096, jnp.bfloat16), (7, 128, np.float32), (3, 5120, np.float32),
+                    (16, 8192, jnp.bfloat16), (8, 8192, np.float16), (5, 12, np.float32)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("tokens,hidden,dtype", _SENTINEL_SHAPES)
+def test_fused_rmsnorm_on_the_sentinel_exchange(n, tokens, hidden, dtype):
+  if (n, tokens) == (8, 16) and jax.devices("cuda")[0].core_count < 128:
+    pytest.skip("16 x 8192 at 8 ranks is one round only with 128 SMs or more")
+  rng = np.random.default_rng(n * tokens + hidden + 1)
+  x = rng.standard_normal((n, tokens, hidden)).astype(dtype)
+  residual = rng.standard_normal((tokens, hidden)).astype(dtype)
+  weight = (1 + 0.1 * rng.standard_normal(hidden)).astype(dtype)
+  want_normed, want_new = _rmsnorm_reference(x, residual, weight, 1e-5)
+  bits = np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
+  tol = {2: 1.6e-2 if dtype == jnp.bfloat16 else 2e-3, 4: 2e-6}[np.dtype(dtype).itemsize]
+  # three calls: the third reuses the scratch slots the first read and reset;
+  # the LL16 kernel between them shares the workspace's epochs
+  for protocol in ("sentinel", "ll", "sentinel", "sentinel"):
+    normed, new = jt.virtual_all_reduce_rmsnorm(x, residual, weight, eps=1e-5,
+                                                protocol=protocol)
+    for r in range(n):
+      np.testing.assert_array_equal(new[r].view(bits), want_new.view(bits))
+      np.testing.assert_array_equal(normed[r].view(bits), normed[0].view(bits))
+    np.testing.assert_allclose(normed[0].astype(np.float64), want_normed.astype(np.float64),
+                               rtol=2 * tol, atol=2 * tol)
+  jaxll.check_errors()
+
+
+def test_fused_sentinel_between_sentinel_all_reduces_and_all_ones_inputs():
+  # the fused sentinel kernel and the one-shot sentinel all-reduce share the
+  # sentinel scratch: alternate them; an input element whose bits are the
+  # sentinel pattern (all ones: a NaN) arrives as the canonical NaN and does
+  # not stall the exchange; every other element stays exact
+  n, tokens, hidden = 4, 4, 8192
+  rng = np.random.default_rng(11)
+  x = rng.standard_normal((n, tokens, hidden)).astype(jnp.bfloat16)
+  residual = rng.standard_normal((tokens, hidden)).astype(jnp.bfloat16)
+  weight = np.ones(hidden, jnp.bfloat16)
+  want_normed, want_new = _rmsnorm_reference(x, residual, weight, 1e-5)
+  y = rng.standard_normal((n, 4096)).astype(np.float32)
+  for _ in range(3):
+    normed, new = jt.virtual_all_reduce_rmsnorm(x, residual, weight, eps=1e-5,
+                                                protocol="sentinel")
+    np.testing.assert_array_equal(new[2].view(np.uint16), want_new.view(np.uint16))
+    got = np.asarray(jt.virtual_all_reduce(y, algorithm="oneshot_sentinel"))
+    np.testing.assert_allclose(got[0], y.astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
+  poisoned = x.copy()
+  poisoned.view(np.uint16)[1, 2, 100] = 0xFFFF
+  normed, new = jt.virtual_all_reduce_rmsnorm(poisoned, residual, weight, eps=1e-5,
+                                              protocol="sentinel")
+  others = np.arange(hidden) != 100
+  for r in range(n):
+    # (the canonical NaN plus the residual: a NaN, the same bits on every rank)
+    assert np.isnan(new[r][2, 100].astype(np.float32))
+    assert new[r].view(np.uint16)[2, 100] == new[0].view(np.uint16)[2, 100]
+    np.testing.assert_array_equal(new[r][2, others].view(np.uint16),
+                                  want_new[2, others].view(np.uint16))
+    assert np.isnan(normed[r][2].astype(np.float32)).all()  # (its row's norm is NaN)
+    for t in (0, 1, 3):
+      np.testing.assert_array_equal(new[r][t].view(np.uint16), want_new[t].view(np.uint16))
+      np.testing.assert_array_equal(normed[r][t].view(np.uint16), normed[0][t].view(np.uint16))
+  jaxll.check_errors()
+
+
+def test_fused_sentinel_refuses_what_it_cannot_serve():
+  rng = np.random.default_rng(3)
+  # a row of 24 bytes (not a multiple of 16)
+  x = rng.standard_normal((2, 2, 12)).astype(jnp.bfloat16)
+  res, w = x[0].copy(), np.ones(12, jnp.bfloat16)
+  with pytest.raises(ValueError, match="sentinel protocol serves only"):
+    jt.virtual_all_reduce_rmsnorm(x, res, w, protocol="sentinel")
+  normed, new = jt.virtual_all_reduce_rmsnorm(x, res, w)  # auto: LL16 serves it
+  want_normed, want_new = _rmsnorm_reference(x, res, w, 1e-6)
+  np.testing.assert_array_equal(new[1].view(np.uint16), want_new.view(np.uint16))
+  # more than one round of the decode-shape kernel
+  with pytest.raises(ValueError, match="sentinel protocol serves only"):
+    jt.rmsnorm_kernel_time_us(2, 128, 16384, iters=2, reps=1, protocol="sentinel")
+  with pytest.raises(ValueError, match="protocol must be one of"):
+    jt.virtual_all_reduce_rmsnorm(x, res, w, protocol="ll128")
+  with pytest.raises(jax.errors.JaxRuntimeError, match="sentinel protocol serves only"):
+    jax.block_until_ready(jt.virtual_fused_rmsnorm(x, np.asarray(x), w, protocol="sentinel"))
   jaxll.check_errors()

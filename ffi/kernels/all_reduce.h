@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "jaxll/protocol.h"
 #include "jaxll/rank_view.h"
 
 namespace jaxll {
@@ -79,23 +80,44 @@ std::vector<const void*> all_kernel_functions();
 // and new_residual are (tokens, hidden) of `dtype`, weight (hidden,). Null when
 // the kernel can serve (dtype, hidden) on `view`'s workspace, else what it lacks.
 const char* rmsnorm_unsupported(DType dtype, int64_t hidden, const RankView& view);
+// The exchange the fused kernel moves x with: LL16 (any cut), sentinel (the
+// decode-shape kernel only: one round, a 16-byte unit a thread, a row's bytes a
+// multiple of 16; half LL16's bytes), or auto: sentinel where it can serve a
+// call of at least kFusedSentinelFromBytes of x per rank or with rows of at
+// least kFusedSentinelFromRowBytes, else LL16. Measured on one H200 (kernel
+// times in CUDA graphs, virtual ranks N = 2, 4, 8; benchmarks/README.md):
+// below 64 KiB LL16 is up to 0.7 us faster at N = 4 and 8 (the sentinel
+// kernel's blocks carry twice the bytes, so fewer blocks share the call), from
+// 64 KiB the two are within 3% or sentinel is faster (16 x 8192 bf16: 6.22 ->
+// 4.39 us at N = 2, 29.9 -> 20.3 us at N = 8), and rows of 16384 bf16 are
+// faster on sentinel from 1 token. The values are the FFI attribute's
+// (jaxll.algorithms.RMSNORM_PROTOCOL_CODES).
+enum class RmsNormProtocol : int { kAuto = 0, kLL = 1, kSentinel = 2 };
+constexpr int64_t kFusedSentinelFromBytes = 64 * 1024;
+constexpr int64_t kFusedSentinelFromRowBytes = 32 * 1024;
+// cudaErrorNotSupported when kSentinel cannot serve the call.
 cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const void* x,
                                       const void* residual, const void* weight, void* normed,
                                       void* new_residual, int64_t tokens, int64_t hidden,
-                                      float eps, cudaStream_t stream);
+                                      float eps, cudaStream_t stream,
+                                      RmsNormProtocol protocol = RmsNormProtocol::kAuto);
 std::vector<const void*> rmsnorm_kernel_functions();
 // How a call of the fused kernel is cut (what launch_all_reduce_rmsnorm does):
 // rows of `segments` blocks of `threads` threads, `rows_at_once` rows at a time
 // in `waves` row-waves, the S blocks of a row one thread-block cluster when
 // `cluster` > 1; `slots`: the row's partial sums go through the header's
-// tagged slots (the tag then advances by `waves`).
+// tagged slots (the tag then advances by `waves`); spans count units of the
+// plan's protocol (8 bytes LL16, 16 sentinel); `lean`: the decode-shape kernel
+// runs it. No plan (blocks 0) where the protocol asked for cannot serve.
 struct RmsNormPlan {
   int64_t segments = 1, seg_span = 0, chunk_units = 0, rows_at_once = 1, blocks = 0, waves = 0;
   int threads = 0, cluster = 1;
-  bool slots = false, pdl = false;
+  bool slots = false, pdl = false, lean = false;
+  Proto proto = Proto::kLL;
 };
 RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t tokens,
-                                    int64_t hidden);
+                                    int64_t hidden,
+                                    RmsNormProtocol protocol = RmsNormProtocol::kAuto);
 // The plan's 4-bit code in the call signature's reduction field (ranks whose
 // plans differ then report a mismatch instead of exchanging mismatched rows).
 uint32_t rmsnorm_plan_code(const RmsNormPlan& plan);

@@ -80,7 +80,7 @@ struct RmsNormArgs {
   void* new_residual;
   int64_t tokens;
   int64_t hidden;
-  int64_t row_units;    // LL16 units (8 bytes) of a row
+  int64_t row_units;    // units of a row (the protocol's: 8 bytes for LL16, 16 for sentinel)
   int64_t seg_span;     // units of a row one block owns (a row's last segment may have fewer)
   int64_t chunk_units;  // most units of a segment one round moves
   int segments;         // S: blocks per row
@@ -107,7 +107,8 @@ __device__ __forceinline__ Segment segment_of(const RmsNormArgs& a) {
   return g;
 }
 
-template <class T>
+// (W: the bytes of the units g counts in)
+template <class T, int W = 8>
 __device__ __forceinline__ void poison_segments(const RmsNormArgs& a, const Segment& g) {
   T* nr = static_cast<T*>(a.new_residual);
   T* no = static_cast<T*>(a.normed);
@@ -115,8 +116,8 @@ __device__ __forceinline__ void poison_segments(const RmsNormArgs& a, const Segm
   for (int64_t k = 0; k < g.rows; ++k) {
     const int64_t row = g.group + k * rows_at_once;
     for (int64_t u = g.u0 + threadIdx.x; u < g.u1; u += blockDim.x) {
-      store_unit<T, 8>(nr + row * a.hidden, u, a.hidden, false, poison_unit<8>());
-      store_unit<T, 8>(no + row * a.hidden, u, a.hidden, false, poison_unit<8>());
+      store_unit<T, W>(nr + row * a.hidden, u, a.hidden, false, poison_unit<W>());
+      store_unit<T, W>(no + row * a.hidden, u, a.hidden, false, poison_unit<W>());
     }
   }
 }
@@ -267,41 +268,41 @@ __device__ __forceinline__ void cluster_drain(const RmsNormArgs& a, const Segmen
 
 // new_residual's unit: the reduced sum plus the residual, added in float32
 // and rounded once; the squares of the rounded values go into *squares.
-template <class T>
-__device__ __forceinline__ Unit<8> residual_add(const Unit<8>& sum, const Unit<8>& rv,
+template <class T, int W = 8>
+__device__ __forceinline__ Unit<W> residual_add(const Unit<W>& sum, const Unit<W>& rv,
                                                 float* squares) {
   using Tr = ElemTraits<T>;
-  constexpr int E = 8 / static_cast<int>(sizeof(T));
+  constexpr int E = W / static_cast<int>(sizeof(T));
   T s[E], q[E], o[E];
-  memcpy(s, &sum.p[0], 8);
-  memcpy(q, &rv.p[0], 8);
+  memcpy(s, sum.p, W);
+  memcpy(q, rv.p, W);
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     o[e] = Tr::from_acc(Tr::to_acc(s[e]) + Tr::to_acc(q[e]));
     const float h = Tr::to_acc(o[e]);
     *squares += h * h;
   }
-  Unit<8> out;
-  memcpy(&out.p[0], o, 8);
+  Unit<W> out;
+  memcpy(out.p, o, W);
   return out;
 }
 
 // normed's unit: new_residual times the inverse root mean square, rounded,
 // times the weight (in the element type).
-template <class T>
-__device__ __forceinline__ Unit<8> norm_unit(const Unit<8>& hv, const Unit<8>& wv, float inv) {
+template <class T, int W = 8>
+__device__ __forceinline__ Unit<W> norm_unit(const Unit<W>& hv, const Unit<W>& wv, float inv) {
   using Tr = ElemTraits<T>;
-  constexpr int E = 8 / static_cast<int>(sizeof(T));
+  constexpr int E = W / static_cast<int>(sizeof(T));
   T h[E], wt[E], o[E];
-  memcpy(h, &hv.p[0], 8);
-  memcpy(wt, &wv.p[0], 8);
+  memcpy(h, hv.p, W);
+  memcpy(wt, wv.p, W);
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     const T scaled = Tr::from_acc(Tr::to_acc(h[e]) * inv);
     o[e] = Tr::from_acc(Tr::to_acc(scaled) * Tr::to_acc(wt[e]));
   }
-  Unit<8> out;
-  memcpy(&out.p[0], o, 8);
+  Unit<W> out;
+  memcpy(out.p, o, W);
   return out;
 }
 
@@ -431,13 +432,21 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
 // kernel's instruction path (ncu, 16 x 8192 on one rank: the general kernel
 // executed about 980 instructions a warp, with register spills, where the
 // one-shot all-reduce executes about 120).
-template <class T, int NR>
+//
+// P is the exchange's protocol: LL16 (8-byte units, each with its flag), or
+// sentinel (16-byte units stored straight into sentinel-filled scratch and
+// reset after reading, as the one-shot sentinel all-reduce does: half the
+// bytes of LL16 for the same data; a row's bytes must be a multiple of 16).
+// The sentinel reset needs no fence here: the call has one round, and the
+// kernel boundary orders the resets before this rank's next call's sends.
+template <class T, int NR, Proto P>
 __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_kernel(RmsNormArgs a) {
+  constexpr int W = unit_bytes<P>();
   const RankView& v = a.base.view;
   const int n = NR > 0 ? NR : v.nranks;
   const bool vec = ((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.residual) |
                      reinterpret_cast<uintptr_t>(a.weight) | reinterpret_cast<uintptr_t>(a.new_residual) |
-                     reinterpret_cast<uintptr_t>(a.normed)) % 8) == 0;
+                     reinterpret_cast<uintptr_t>(a.normed)) % W) == 0;
   bool entered = false;
   if (a.clustered) cluster_entry_arrive();
   collective_prologue(a.base);
@@ -453,47 +462,52 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_k
   g.u0 = u0;
   g.u1 = u0 + len;
   g.group = row;
-  g.rows = row < a.tokens ? 1 : 0;
+  g.rows = 1;
+  if (row >= a.tokens) __trap();  // (a lean plan has one row-wave: every block has its row)
   // This thread's unit of x, the residual and the weight, loaded before the
   // epochs so that the latencies overlap.
   const int i = static_cast<int>(threadIdx.x);
-  const bool mine = g.rows == 1 && i < len;
+  const bool mine = i < len;
   const size_t at = static_cast<size_t>(row) * static_cast<size_t>(a.row_units) + u0 + i;
-  Unit<8> xv{}, rv{}, wv{};
+  const int64_t count = a.tokens * a.hidden;
+  Unit<W> xv{}, rv{}, wv{};
   if (mine) {
-    xv = load_unit<T, 8>(static_cast<const T*>(a.x), at, a.tokens * a.hidden, vec);
-    rv = load_unit<T, 8>(static_cast<const T*>(a.residual), at, a.tokens * a.hidden, vec);
-    wv = load_unit<T, 8>(static_cast<const T*>(a.weight), u0 + i, a.hidden, vec);
+    xv = load_unit<T, W>(static_cast<const T*>(a.x), at, count, vec);
+    rv = load_unit<T, W>(static_cast<const T*>(a.residual), at, count, vec);
+    wv = load_unit<T, W>(static_cast<const T*>(a.weight), u0 + i, a.hidden, vec);
   }
-  const BlockStart bs = block_begin(v, static_cast<uint32_t>(g.rows));
+  const BlockStart bs = block_begin(v, 1u);
   JAXLL_PHASE(1);
   if (bs.had_error) {
-    poison_segments<T>(a, g);
+    poison_segments<T, W>(a, g);
     if (a.clustered) cluster_drain(a, g, 0, &entered);
     return;
   }
-  if (g.rows == 0) return;  // (never in a plan the host makes: every block has its row)
   const int sig_lane = !v.signatures || n == 1 ? 0 : signature_lane(n);
   send_signature(a.base, sig_lane, n, bs);
   bool ok = signature_ok(a.base, sig_lane, n, bs);
   const uint64_t epoch = bs.epoch;
   const int parity = static_cast<int>(epoch & 1);
-  const Channel<Proto::kLL, T> ch(v, 0, static_cast<int>(blockIdx.x), parity, epoch);
-  if (ll16_refresh_due(epoch)) ll_refresh(v, epoch, parity);
+  const Channel<P, T> ch(v, 0, static_cast<int>(blockIdx.x), parity, epoch);
+  if constexpr (P == Proto::kLL) {
+    if (ll16_refresh_due(epoch)) ll_refresh(v, epoch, parity);
+  }
+  // (sentinel: the value every rank adds is the one sent, canonicalized)
+  if (mine) xv = ch.prepare(xv);
   if (mine) send_to_peers<NR>(ch, n, i, xv);
   float squares = 0.f;
-  Unit<8> hv = poison_unit<8>();
+  Unit<W> hv = poison_unit<W>();
   if (mine) {
-    Unit<8> sum;
-    if (ok) ok = reduce_slot<NR, Proto::kLL, T, SumOp, 8>(ch, n, i, xv, &sum);
-    if (ok) hv = residual_add<T>(sum, rv, &squares);
-    store_unit<T, 8>(static_cast<T*>(a.new_residual), at, a.tokens * a.hidden, vec, hv);
+    Unit<W> sum;
+    if (ok) ok = reduce_slot<NR, P, T, SumOp, W>(ch, n, i, xv, &sum);
+    if (ok) hv = residual_add<T, W>(sum, rv, &squares);
+    store_unit<T, W>(static_cast<T*>(a.new_residual), at, count, vec, hv);
   }
   // (the call's only round: no fence; block_sum_ok's barrier ends it)
   JAXLL_PHASE(2);
   const float part = block_sum_ok(squares, &ok, false);
   if (!ok) {
-    poison_segments<T>(a, g);
+    poison_segments<T, W>(a, g);
     if (a.clustered) cluster_drain(a, g, 0, &entered);
     return;
   }
@@ -504,9 +518,8 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_k
   const float inv = rsqrtf(total / static_cast<float>(a.hidden) + a.eps);
   JAXLL_PHASE(3);
   if (mine) {
-    const Unit<8> out = norm_unit<T>(hv, wv, inv);
-    store_unit<T, 8>(static_cast<T*>(a.normed), at, a.tokens * a.hidden, vec,
-                     ok ? out : poison_unit<8>());
+    const Unit<W> out = norm_unit<T, W>(hv, wv, inv);
+    store_unit<T, W>(static_cast<T*>(a.normed), at, count, vec, ok ? out : poison_unit<W>());
   }
   JAXLL_PHASE(4);
   if (slots && threadIdx.x == 0) {
@@ -516,7 +529,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_k
       v.header->norm_tag = tag0 + 1;
     }
   }
-  if (block_failed(ok)) poison_segments<T>(a, g);
+  if (block_failed(ok)) poison_segments<T, W>(a, g);
   JAXLL_PHASE(5);
 }
 
@@ -534,30 +547,29 @@ const void* rmsnorm_kernel_for(DType dtype) {
   }
 }
 
-template <class T>
+template <class T, Proto P>
 const void* lean_fn(int nranks) {
   switch (nranks) {
-    case 2: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 2>);
-    case 4: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 4>);
-    case 8: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 8>);
-    default: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 0>);
+    case 2: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 2, P>);
+    case 4: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 4, P>);
+    case 8: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 8, P>);
+    default: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 0, P>);
   }
 }
 
-// The decode-shape kernel for `nranks` ranks (see rmsnorm_lean_kernel).
-const void* lean_kernel_for(DType dtype, int nranks) {
+template <class T>
+const void* lean_fn(int nranks, Proto p) {
+  return p == Proto::kSentinel ? lean_fn<T, Proto::kSentinel>(nranks) : lean_fn<T, Proto::kLL>(nranks);
+}
+
+// The decode-shape kernel for `nranks` ranks on protocol `p` (see rmsnorm_lean_kernel).
+const void* lean_kernel_for(DType dtype, int nranks, Proto p) {
   switch (dtype) {
-    case DType::kF32: return lean_fn<float>(nranks);
-    case DType::kBF16: return lean_fn<__nv_bfloat16>(nranks);
-    case DType::kF16: return lean_fn<__half>(nranks);
+    case DType::kF32: return lean_fn<float>(nranks, p);
+    case DType::kBF16: return lean_fn<__nv_bfloat16>(nranks, p);
+    case DType::kF16: return lean_fn<__half>(nranks, p);
     default: return nullptr;
   }
-}
-
-// Whether a plan's cut fits rmsnorm_lean_kernel: one row-wave, one round a
-// segment, at most one unit a thread.
-bool lean_plan(const RmsNormPlan& p) {
-  return p.waves == 1 && p.chunk_units >= p.seg_span && p.seg_span <= p.threads;
 }
 
 }  // namespace
@@ -566,7 +578,8 @@ std::vector<const void*> rmsnorm_kernel_functions() {
   std::vector<const void*> out = {rmsnorm_fn<float>(), rmsnorm_fn<__nv_bfloat16>(),
                                   rmsnorm_fn<__half>()};
   for (DType d : {DType::kF32, DType::kBF16, DType::kF16})
-    for (int nr : {0, 2, 4, 8}) out.push_back(lean_kernel_for(d, nr));
+    for (Proto p : {Proto::kLL, Proto::kSentinel})
+      for (int nr : {0, 2, 4, 8}) out.push_back(lean_kernel_for(d, nr, p));
   return out;
 }
 
@@ -586,12 +599,14 @@ uint32_t rmsnorm_plan_code(const RmsNormPlan& p) {
   return static_cast<uint32_t>(h % 15);
 }
 
-RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t tokens,
-                                    int64_t hidden) {
+namespace {
+
+// The cut of a call into units of `unit` bytes (8: LL16, 16: sentinel).
+RmsNormPlan plan_cut(DType dtype, const RankView& view, int64_t tokens, int64_t hidden, int unit) {
   RmsNormPlan plan;
   const void* fn = rmsnorm_kernel_for(dtype);
   if (fn == nullptr || tokens <= 0 || hidden <= 0) return plan;
-  const int64_t row_units = hidden * dtype_bytes(dtype) / 8;
+  const int64_t row_units = hidden * dtype_bytes(dtype) / unit;
   // The grid the one-shot all-reduce would take for the whole message (a block
   // per kSegmentUnits units, up to the bound); few rows are cut into segments
   // to fill it, many rows go a whole row per block in several row-waves.
@@ -610,7 +625,7 @@ RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t t
     p.seg_span = (row_units + s - 1) / s;
     p.segments = (row_units + p.seg_span - 1) / p.seg_span;  // no segment left empty
     p.rows_at_once = std::max<int64_t>(1, std::min<int64_t>(tokens, cap / p.segments));
-    p.chunk_units = std::min<int64_t>(p.seg_span, view.geo.region_bytes / 8);
+    p.chunk_units = std::min<int64_t>(p.seg_span, view.geo.region_bytes / unit);
     const int64_t work = std::min<int64_t>(p.chunk_units, kBlockThreads);
     p.threads = static_cast<int>(std::min<int64_t>(kBlockThreads, ((work + 31) / 32) * 32 + sig_warp));
     return p;
@@ -665,16 +680,50 @@ RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t t
   return plan;
 }
 
+// Whether a plan's cut fits rmsnorm_lean_kernel: one row-wave, one round a
+// segment, at most one unit a thread.
+bool lean_plan(const RmsNormPlan& p) {
+  return p.blocks > 0 && p.waves == 1 && p.chunk_units >= p.seg_span && p.seg_span <= p.threads;
+}
+
+// The sentinel exchange's cut, where the decode-shape kernel can take it (a
+// row's bytes a multiple of 16, one round, a unit a thread); else no plan.
+RmsNormPlan sentinel_cut(DType dtype, const RankView& view, int64_t tokens, int64_t hidden) {
+  if ((hidden * dtype_bytes(dtype)) % 16 != 0) return RmsNormPlan{};
+  RmsNormPlan p = plan_cut(dtype, view, tokens, hidden, 16);
+  if (!lean_plan(p)) return RmsNormPlan{};
+  p.proto = Proto::kSentinel;
+  p.lean = true;
+  return p;
+}
+
+}  // namespace
+
+RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t tokens,
+                                    int64_t hidden, RmsNormProtocol protocol) {
+  if (protocol == RmsNormProtocol::kSentinel) return sentinel_cut(dtype, view, tokens, hidden);
+  const int64_t row_bytes = hidden * dtype_bytes(dtype);
+  if (protocol == RmsNormProtocol::kAuto &&
+      (tokens * row_bytes >= kFusedSentinelFromBytes || row_bytes >= kFusedSentinelFromRowBytes)) {
+    const RmsNormPlan p = sentinel_cut(dtype, view, tokens, hidden);
+    if (p.blocks > 0) return p;
+  }
+  RmsNormPlan p = plan_cut(dtype, view, tokens, hidden, 8);
+  p.lean = lean_plan(p);
+  return p;
+}
+
 cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const void* x,
                                       const void* residual, const void* weight, void* normed,
                                       void* new_residual, int64_t tokens, int64_t hidden,
-                                      float eps, cudaStream_t stream) {
+                                      float eps, cudaStream_t stream, RmsNormProtocol protocol) {
   const void* fn = rmsnorm_kernel_for(dtype);
   if (fn == nullptr || rmsnorm_unsupported(dtype, hidden, view) != nullptr) {
     return cudaErrorInvalidValue;
   }
   if (tokens <= 0) return cudaSuccess;
-  const RmsNormPlan plan = plan_all_reduce_rmsnorm(dtype, view, tokens, hidden);
+  const RmsNormPlan plan = plan_all_reduce_rmsnorm(dtype, view, tokens, hidden, protocol);
+  if (plan.blocks == 0) return cudaErrorNotSupported;  // (sentinel asked for a cut it cannot take)
   RmsNormArgs a{};
   a.base.view = view;
   a.x = x;
@@ -684,12 +733,14 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
   a.new_residual = new_residual;
   a.tokens = tokens;
   a.hidden = hidden;
-  a.row_units = hidden * dtype_bytes(dtype) / 8;
+  a.row_units = hidden * dtype_bytes(dtype) / (plan.proto == Proto::kSentinel ? 16 : 8);
   a.eps = eps;
   // The plan rides in the signature's reduction field: it depends on device
   // queries (cluster support and capacity), so ranks on unlike devices could cut
   // a call differently; that must be a reported mismatch, never a wrong row.
-  a.base.signature = encode_signature(kRmsNormCollective, static_cast<uint32_t>(Algorithm::kOneShotLL),
+  const Algorithm exchange =
+      plan.proto == Proto::kSentinel ? Algorithm::kOneShotSentinel : Algorithm::kOneShotLL;
+  a.base.signature = encode_signature(kRmsNormCollective, static_cast<uint32_t>(exchange),
                                       static_cast<uint32_t>(dtype), rmsnorm_plan_code(plan),
                                       rmsnorm_signature_shape(tokens, hidden));
   a.seg_span = plan.seg_span;
@@ -700,7 +751,7 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
   a.base.trigger = plan.pdl ? 1 : 0;
   // (the plan's cluster allowance and the grid bound hold for both kernels:
   // the same launch bounds and static shared memory)
-  const void* run = lean_plan(plan) ? lean_kernel_for(dtype, view.nranks) : fn;
+  const void* run = plan.lean ? lean_kernel_for(dtype, view.nranks, plan.proto) : fn;
   return launch_collective(run, plan.blocks, plan.threads, plan.pdl, &a, stream, plan.cluster);
 }
 

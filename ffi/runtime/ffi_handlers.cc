@@ -221,6 +221,29 @@ ffi::Error VirtualAllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::An
   return ffi::Error::Success();
 }
 
+// The fused kernel's exchange from the FFI attribute "protocol" (0 auto, 1
+// LL16, 2 sentinel: RmsNormProtocol's values).
+ffi::Error to_rmsnorm_protocol(int32_t code, RmsNormProtocol* out) {
+  if (code < 0 || code > 2) {
+    return ffi::Error::InvalidArgument("jaxll: all_reduce_rmsnorm: unknown protocol code " +
+                                       std::to_string(code) + " (0 auto, 1 LL16, 2 sentinel)");
+  }
+  *out = static_cast<RmsNormProtocol>(code);
+  return ffi::Error::Success();
+}
+
+// A fused launch's error: the sentinel exchange asked for where it cannot serve
+// is the caller's (InvalidArgument), the rest as launch_error reports them.
+ffi::Error rmsnorm_launch_error(cudaError_t e, Workspace& c, const std::string& what) {
+  if (e == cudaErrorNotSupported) {
+    return ffi::Error::InvalidArgument(
+        "jaxll: " + what + ": the sentinel protocol serves only calls whose rows' bytes are a "
+        "multiple of 16 and that the decode-shape kernel moves in one round (a 16-byte unit a "
+        "thread); use protocol auto or LL16");
+  }
+  return launch_error(e, c, what);
+}
+
 // The fused all-reduce + residual + RMSNorm on N virtual ranks: x, residual,
 // normed and new_residual are (N, ..., hidden), row i rank i's; weight (hidden,)
 // is every rank's; one element type.
@@ -228,9 +251,11 @@ ffi::Error VirtualRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyB
                                  ffi::AnyBuffer residual, ffi::AnyBuffer weight,
                                  ffi::Result<ffi::AnyBuffer> normed,
                                  ffi::Result<ffi::AnyBuffer> new_residual, int64_t comm_id,
-                                 float eps) {
+                                 float eps, int32_t protocol_code) {
   Workspace* c = nullptr;
   if (ffi::Error e = find_virtual(comm_id, ordinal, &c); e.failure()) return e;
+  RmsNormProtocol protocol;
+  if (ffi::Error e = to_rmsnorm_protocol(protocol_code, &protocol); e.failure()) return e;
   const int n = c->group_size();
   DType dtype;
   if (ffi::Error e = to_dtype(x.element_type(), &dtype); e.failure()) return e;
@@ -259,9 +284,9 @@ ffi::Error VirtualRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyB
                                      at(residual.untyped_data(), i), weight.untyped_data(),
                                      out_at(normed->untyped_data(), i),
                                      out_at(new_residual->untyped_data(), i), per_rank / hidden,
-                                     hidden, eps, r.stream);
+                                     hidden, eps, r.stream, protocol);
   });
-  if (e != cudaSuccess) return launch_error(e, *c, "a virtual all_reduce_rmsnorm of " + std::to_string(per_rank) + " elements per rank");
+  if (e != cudaSuccess) return rmsnorm_launch_error(e, *c, "a virtual all_reduce_rmsnorm of " + std::to_string(per_rank) + " elements per rank");
   return ffi::Error::Success();
 }
 
@@ -305,10 +330,13 @@ ffi::Error RmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x
                           ffi::AnyBuffer residual, ffi::AnyBuffer weight, ffi::AnyBuffer /*order*/,
                           ffi::Result<ffi::AnyBuffer> normed,
                           ffi::Result<ffi::AnyBuffer> new_residual,
-                          ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t comm_id, float eps) {
+                          ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t comm_id, float eps,
+                          int32_t protocol_code) {
   Workspace* c = nullptr;
   Rank* r = nullptr;
   if (ffi::Error e = find_rank(comm_id, ordinal, &c, &r); e.failure()) return e;
+  RmsNormProtocol protocol;
+  if (ffi::Error e = to_rmsnorm_protocol(protocol_code, &protocol); e.failure()) return e;
   DType dtype;
   if (ffi::Error e = to_dtype(x.element_type(), &dtype); e.failure()) return e;
   const auto dims = x.dimensions();
@@ -330,8 +358,8 @@ ffi::Error RmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x
   cudaError_t e = launch_all_reduce_rmsnorm(dtype, r->view, x.untyped_data(), residual.untyped_data(),
                                             weight.untyped_data(), normed->untyped_data(),
                                             new_residual->untyped_data(), count / hidden, hidden,
-                                            eps, stream);
-  if (e != cudaSuccess) return launch_error(e, *c, "an all_reduce_rmsnorm of " + std::to_string(count) + " elements");
+                                            eps, stream, protocol);
+  if (e != cudaSuccess) return rmsnorm_launch_error(e, *c, "an all_reduce_rmsnorm of " + std::to_string(count) + " elements");
   return ffi::Error::Success();
 }
 
@@ -440,7 +468,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_handler, AllReduceExecute,
       .Ret<ffi::AnyBuffer>()                             \
       .Ret<ffi::AnyBuffer>()                             \
       .Attr<int64_t>("comm")                             \
-      .Attr<float>("eps")
+      .Attr<float>("eps")                                \
+      .Attr<int32_t>("protocol")
 
 // The virtual-rank handlers, each twice: outside command buffers (the host
 // checks the ranks' error words at every run), and as a twin XLA may capture
@@ -492,7 +521,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_rmsnorm_handler, RmsNormExecute,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("comm")
-                                  .Attr<float>("eps"),
+                                  .Attr<float>("eps")
+                                  .Attr<int32_t>("protocol"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_gather_scatter_handler, GatherScatterExecute,

@@ -38,6 +38,14 @@ Workspace& get_comm(int64_t id) {
   return *c;
 }
 
+// The fused kernel's exchange from its code (0 auto, 1 LL16, 2 sentinel).
+RmsNormProtocol rmsnorm_protocol(int code) {
+  if (code < 0 || code > 2) {
+    throw std::invalid_argument("all_reduce_rmsnorm: unknown protocol code " + std::to_string(code));
+  }
+  return static_cast<RmsNormProtocol>(code);
+}
+
 template <class Fn>
 nb::capsule handler_capsule(Fn* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
@@ -267,8 +275,37 @@ NB_MODULE(_jaxll, m) {
     d["algorithms"] = as_dict(algorithm_codes());
     d["dtypes"] = as_dict(dtype_codes());
     d["ops"] = as_dict(op_codes());
+    nb::dict protocols;  // all_reduce_rmsnorm's exchange (RmsNormProtocol)
+    protocols["auto"] = static_cast<int>(RmsNormProtocol::kAuto);
+    protocols["ll"] = static_cast<int>(RmsNormProtocol::kLL);
+    protocols["sentinel"] = static_cast<int>(RmsNormProtocol::kSentinel);
+    d["rmsnorm_protocols"] = protocols;
     return d;
-  }, "The codes of algorithms, element types and ops, by name (the one table).");
+  }, "The codes of algorithms, element types, ops and the fused kernel's protocols, by name "
+     "(the one table).");
+  m.def("rmsnorm_plan", [](int64_t id, int dtype, int64_t tokens, int64_t hidden, int protocol) {
+    Workspace& c = get_comm(id);
+    const Rank* r = nullptr;
+    for (int g = 0; g < c.group_count() && r == nullptr; ++g)
+      for (int k = 0; k < c.group_size() && r == nullptr; ++k)
+        if (c.has_rank(g, k)) r = &c.rank(g, k);
+    if (r == nullptr) throw std::runtime_error("workspace " + std::to_string(id) + " has no rank here");
+    const RmsNormPlan p = plan_all_reduce_rmsnorm(static_cast<DType>(dtype), r->view, tokens,
+                                                  hidden, rmsnorm_protocol(protocol));
+    nb::dict d;
+    d["blocks"] = p.blocks;
+    d["threads"] = p.threads;
+    d["segments"] = p.segments;
+    d["rows_at_once"] = p.rows_at_once;
+    d["waves"] = p.waves;
+    d["cluster"] = p.cluster;
+    d["slots"] = p.slots;
+    d["lean"] = p.lean;
+    d["protocol"] = p.proto == Proto::kSentinel ? "sentinel" : "ll";
+    return d;
+  }, "id"_a, "dtype"_a, "tokens"_a, "hidden"_a, "protocol"_a,
+        "How this process's first rank of the workspace would cut a fused all_reduce_rmsnorm "
+        "(blocks == 0: the protocol asked for cannot serve it).");
 
   m.def("virtual_stress", [](int64_t id, const std::vector<int>& algorithms, int dtype, int op,
                              const std::vector<int64_t>& counts, uint64_t seed, int max_delay_us) {
@@ -316,7 +353,7 @@ NB_MODULE(_jaxll, m) {
 
   m.def("virtual_rmsnorm", [](int64_t id, int dtype, nb::bytes x, nb::bytes residual,
                               nb::bytes weight, int64_t tokens, int64_t hidden, float eps,
-                              int absent, int late, int64_t delay_us) {
+                              int absent, int late, int64_t delay_us, int protocol) {
     Workspace& c = get_comm(id);
     std::string xs(x.c_str(), x.size()), rs(residual.c_str(), residual.size()),
         ws(weight.c_str(), weight.size());
@@ -324,12 +361,12 @@ NB_MODULE(_jaxll, m) {
     {
       nb::gil_scoped_release release;
       out = virtual_rmsnorm(c, static_cast<DType>(dtype), xs, rs, ws, tokens, hidden, eps, absent,
-                            late, delay_us);
+                            late, delay_us, rmsnorm_protocol(protocol));
     }
     return nb::make_tuple(nb::bytes(out.normed.data(), out.normed.size()),
                           nb::bytes(out.new_residual.data(), out.new_residual.size()), out.error);
   }, "id"_a, "dtype"_a, "x"_a, "residual"_a, "weight"_a, "tokens"_a, "hidden"_a, "eps"_a,
-        "absent"_a = -1, "late"_a = -1, "delay_us"_a = 0,
+        "absent"_a = -1, "late"_a = -1, "delay_us"_a = 0, "protocol"_a = 0,
         "The fused all-reduce + residual + RMSNorm on every virtual rank (raw bytes in and out) "
         "and the first recorded error; rank `absent` (>= 0) makes no call; rank `late` (>= 0) "
         "queues its call after the others, behind a delay kernel of `delay_us`.");
@@ -357,11 +394,12 @@ NB_MODULE(_jaxll, m) {
                                         count, iters, reps);
   }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "count"_a, "iters"_a, "reps"_a);
   m.def("virtual_rmsnorm_bench", [](int64_t id, int dtype, int64_t tokens, int64_t hidden,
-                                    int iters, int reps) {
+                                    int iters, int reps, int protocol) {
     Workspace& c = get_comm(id);
+    const RmsNormProtocol p = rmsnorm_protocol(protocol);
     nb::gil_scoped_release release;
-    return virtual_rmsnorm_bench(c, static_cast<DType>(dtype), tokens, hidden, iters, reps);
-  }, "id"_a, "dtype"_a, "tokens"_a, "hidden"_a, "iters"_a, "reps"_a);
+    return virtual_rmsnorm_bench(c, static_cast<DType>(dtype), tokens, hidden, iters, reps, p);
+  }, "id"_a, "dtype"_a, "tokens"_a, "hidden"_a, "iters"_a, "reps"_a, "protocol"_a = 0);
   m.def("virtual_bench", [](int64_t id, int algorithm, int dtype, int op, int64_t count, int iters,
                             int reps) {
     Workspace& c = get_comm(id);

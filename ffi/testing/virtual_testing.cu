@@ -453,10 +453,21 @@ std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>&
   return std::vector<int64_t>(host.begin(), host.end());
 }
 
+// A fused launch's error as an exception; the sentinel protocol asked for where
+// it cannot serve is named.
+void check_rmsnorm_launch(cudaError_t e) {
+  if (e == cudaErrorNotSupported) {
+    throw std::invalid_argument(
+        "all_reduce_rmsnorm: the sentinel protocol serves only rows whose bytes are a multiple "
+        "of 16, moved by the decode-shape kernel in one round (a 16-byte unit a thread)");
+  }
+  check_cuda(e, "launching an all_reduce_rmsnorm");
+}
+
 RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x,
                               const std::string& residual, const std::string& weight,
                               int64_t tokens, int64_t hidden, float eps, int absent,
-                              int late, int64_t delay_us) {
+                              int late, int64_t delay_us, RmsNormProtocol protocol) {
   if (!comm.virtual_ranks()) throw std::runtime_error("virtual_rmsnorm needs a virtual-rank workspace");
   const int n = comm.group_size();
   const size_t row_bytes = static_cast<size_t>(hidden) * dtype_bytes(dtype);
@@ -483,10 +494,10 @@ RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x
   check_cuda(cudaMemset(dnew, 0, block * n), "clearing outputs");
   check_cuda(cudaDeviceSynchronize(), "preparing the calls");
   auto launch = [&](int r) {
-    check_cuda(launch_all_reduce_rmsnorm(dtype, comm.rank(0, r).view, dx + r * block, dres, dw,
-                                         dnormed + r * block, dnew + r * block, tokens, hidden,
-                                         eps, comm.rank(0, r).stream),
-               "launching an all_reduce_rmsnorm");
+    check_rmsnorm_launch(launch_all_reduce_rmsnorm(dtype, comm.rank(0, r).view, dx + r * block,
+                                                   dres, dw, dnormed + r * block, dnew + r * block,
+                                                   tokens, hidden, eps, comm.rank(0, r).stream,
+                                                   protocol));
   };
   for (int r = 0; r < n; ++r) {
     if (r != absent && r != late) launch(r);
@@ -602,7 +613,8 @@ std::vector<double> virtual_bench(Workspace& comm, Algorithm algorithm, DType dt
 }
 
 std::vector<double> virtual_rmsnorm_bench(Workspace& comm, DType dtype, int64_t tokens,
-                                          int64_t hidden, int iters, int reps) {
+                                          int64_t hidden, int iters, int reps,
+                                          RmsNormProtocol protocol) {
   if (!comm.virtual_ranks()) throw std::runtime_error("virtual_rmsnorm_bench needs a virtual-rank workspace");
   if (tokens <= 0 || hidden <= 0 || iters <= 0 || reps <= 0) {
     throw std::runtime_error("tokens, hidden, iters and reps must be positive");
@@ -627,9 +639,11 @@ std::vector<double> virtual_rmsnorm_bench(Workspace& comm, DType dtype, int64_t 
     check_cuda(cudaMemset(res[r], 0x11, bytes), "filling inputs");
   }
   check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
+  if (plan_all_reduce_rmsnorm(dtype, comm.rank(0, 0).view, tokens, hidden, protocol).blocks == 0)
+    check_rmsnorm_launch(cudaErrorNotSupported);
   return time_graph(comm, iters, reps, [&](int r, cudaStream_t s) {
     return launch_all_reduce_rmsnorm(dtype, comm.rank(0, r).view, x[r], res[r], w, normed[r],
-                                     nres[r], tokens, hidden, 1e-6f, s);
+                                     nres[r], tokens, hidden, 1e-6f, s, protocol);
   });
 }
 

@@ -80,7 +80,8 @@ struct RmsNormResult {
 RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x,
                               const std::string& residual, const std::string& weight,
                               int64_t tokens, int64_t hidden, float eps, int absent = -1,
-                              int late = -1, int64_t delay_us = 0);
+                              int late = -1, int64_t delay_us = 0,
+                              RmsNormProtocol protocol = RmsNormProtocol::kAuto);
 
 // One all-gather or reduce-scatter (pieces of `count` elements) on every virtual
 // rank of `comm`: x holds every rank's input back to back (all-gather: one piece
@@ -96,7 +97,8 @@ GatherScatterResult virtual_gather_scatter(Workspace& comm, Collective c, Algori
 // every virtual rank (tokens x hidden per rank), measured as virtual_bench
 // measures the all-reduce's.
 std::vector<double> virtual_rmsnorm_bench(Workspace& comm, DType dtype, int64_t tokens,
-                                          int64_t hidden, int iters, int reps);
+                                          int64_t hidden, int iters, int reps,
+                                          RmsNormProtocol protocol = RmsNormProtocol::kAuto);
 
 // Per-call time (us) of the all-gather or reduce-scatter kernel on every
 // virtual rank, measured as virtual_bench measures the all-reduce's.

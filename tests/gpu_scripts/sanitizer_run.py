@@ -35,21 +35,25 @@ for n in ranks:
                                counts, n, 5)
       print(n, name, dtype, res["mismatches"], res["error"] or "no error", flush=True)
       bad += res["mismatches"] + (1 if res["error"] else 0)
-  # the fused all-reduce + residual + RMSNorm, rows of one and of several rounds
+  # the fused all-reduce + residual + RMSNorm, rows of one and of several
+  # rounds, on LL16 (auto) and, where it serves, the sentinel exchange
   for dtype, hidden in (("float32", 12), ("bfloat16", 4096), ("float16", 1000)):
     item = 4 if dtype == "float32" else 2
     tokens = 3
     x = np.random.default_rng(hidden).integers(0, 255, size=n * tokens * hidden * item,
                                                dtype=np.uint8)
     x[1::2] = 0x3C  # small finite values in every dtype
-    try:
-      ext.virtual_rmsnorm(comm, algorithms.DTYPE_CODES[dtype], x.tobytes(),
-                          x[:tokens * hidden * item].tobytes(), x[:hidden * item].tobytes(),
-                          tokens, hidden, 1e-6)
-      print(n, "rmsnorm", dtype, hidden, "no error", flush=True)
-    except RuntimeError as e:
-      print(n, "rmsnorm", dtype, hidden, e, flush=True)
-      bad += 1
+    for protocol in (0, 2, 2):
+      try:
+        ext.virtual_rmsnorm(comm, algorithms.DTYPE_CODES[dtype], x.tobytes(),
+                            x[:tokens * hidden * item].tobytes(), x[:hidden * item].tobytes(),
+                            tokens, hidden, 1e-6, protocol=protocol)
+        print(n, "rmsnorm", dtype, hidden, protocol, "no error", flush=True)
+      except ValueError as e:  # (sentinel: a cut it does not take)
+        print(n, "rmsnorm", dtype, hidden, protocol, "refused:", str(e)[:60], flush=True)
+      except RuntimeError as e:
+        print(n, "rmsnorm", dtype, hidden, protocol, e, flush=True)
+        bad += 1
   # all-gather (2) and reduce-scatter (3), the three protocols, several rounds
   # of pieces (4 KiB of scratch): each output checked against numpy here (small
   # integers, in float32 for the sentinel protocol, which has no int32 kernel)
@@ -90,11 +94,22 @@ for n in ranks:
   # the fused kernel with a rank absent: the others give up (clustered blocks
   # still take part in every row's exchange), then a reset
   xb = np.full(n * 2 * 4096, 0x3C00, np.uint16)
-  *_, err = ext.virtual_rmsnorm(comm, algorithms.DTYPE_CODES["bfloat16"], xb.tobytes(),
-                                xb[:2 * 4096].tobytes(), xb[:4096].tobytes(), 2, 4096, 1e-6, 0)
-  print(n, "rmsnorm absent", err[:60] or "no error", flush=True)
-  bad += int(not err)
-  ext.workspace_reset(comm)
+  # (sentinel: on a workspace of 1 MiB of scratch, whose regions its
+  # decode-shape kernel moves 2 x 4096 bf16 in, one round)
+  big = ext.create_workspace([[0] * n], True, 1 << 20, 3000)
+  for c, protocol in ((comm, 0), (big, 2)):
+    *_, err = ext.virtual_rmsnorm(c, algorithms.DTYPE_CODES["bfloat16"], xb.tobytes(),
+                                  xb[:2 * 4096].tobytes(), xb[:4096].tobytes(), 2, 4096, 1e-6, 0,
+                                  protocol=protocol)
+    print(n, "rmsnorm absent", protocol, err[:60] or "no error", flush=True)
+    bad += int(not err)
+    ext.workspace_reset(c)
+  ext.virtual_rmsnorm(big, algorithms.DTYPE_CODES["bfloat16"], xb.tobytes(),
+                      xb[:2 * 4096].tobytes(), xb[:4096].tobytes(), 2, 4096, 1e-6, protocol=2)
+  errs = ext.workspace_errors(big)
+  print(n, "rmsnorm sentinel after reset", errs or "no error", flush=True)
+  bad += int(bool(errs))
+  ext.free_workspace(big)
   got = ext.virtual_calls(comm, [(ll, 0, 0, 5000, False, 0, 1)] * n)
   print(n, "after reset", got, flush=True)
   bad += int(got != [0] * n or bool(ext.workspace_errors(comm)))

@@ -7,7 +7,12 @@ repeated. new_residual must be bitwise the composition's (the same rank-order
 float32 sum and one rounding), normed within a rounding or two (the sum of
 squares is reduced in another order than XLA's), every run the first run's bits.
 algorithm="auto" must take the fused kernel exactly for the cases of at most
-FUSED_AUTO_MAX_BYTES per rank, with the bits of the path it took.
+jaxll.fused.fused_auto_max_bytes (more where "fused" runs on the sentinel
+exchange in a group of 2), with the bits of the path it took.
+algorithm="fused_sentinel" (the kernel on the sentinel exchange) must serve
+every case but the 64 x 16384 one (beyond its one round: refused with
+ValueError) with the same checks as "fused", and the LL16 kernel's
+new_residual bits.
 
   python rmsnorm_check.py [--runs 10]
 """
@@ -44,6 +49,30 @@ def put(full, spec):
       full.shape, sharding, [jax.device_put(full[i], d) for d, i in idx.items()])
 
 
+def check_runs(key, compiled, args, want, dtype):
+  """Runs `compiled` opts.runs times: the first run's new_residual and the
+  all-reduce after it bitwise the composition's (`want`), normed within the
+  tolerance, every later run the first run's bits."""
+  first = None
+  bits = lambda a: a.view(np.uint16 if a.dtype.itemsize == 2 else np.uint32)  # noqa: E731
+  for _ in range(opts.runs):
+    got = [np.asarray(o.addressable_data(0)) for o in compiled(*args)]
+    if first is None:
+      first = got
+      if not np.array_equal(bits(got[1]), bits(want[1])):
+        report["errors"].append(f"{key}: new_residual differs from the composition's")
+      if not np.array_equal(bits(got[2]), bits(want[2])):
+        report["errors"].append(f"{key}: the all-reduce after it differs")
+      a, b = got[0].astype(np.float64), want[0].astype(np.float64)
+      rel = float(np.max(np.abs(a - b) / (np.abs(b) + 1e-3)))
+      report["max_rel"][key] = rel
+      if rel > 2 * TOL[np.dtype(dtype)]:
+        report["errors"].append(f"{key}: normed off by {rel:.2e} (relative)")
+    elif not all(np.array_equal(g, f) for g, f in zip(got, first)):
+      report["errors"].append(f"{key}: a run differs from the first")
+      break
+
+
 for (tokens, hidden), dtype in CASES:
   key = f"{tokens}x{hidden}/{np.dtype(dtype).name}"
   launch.progress(key)
@@ -62,13 +91,14 @@ for (tokens, hidden), dtype in CASES:
   args = (put(x, P("tp")), put(res, P()), put(w, P()))
   fused, composed = step("fused"), step("oneshot_ll")
   paths = sorted({s.algorithm for s in jaxll.explain(fused, *args)})
-  if "fused_oneshot_ll" not in [s.algorithm for s in jaxll.recent_call_sites()]:
+  if not any(s.algorithm.startswith("fused_oneshot_") for s in jaxll.recent_call_sites()):
     report["errors"].append(f"{key}: the fused kernel did not serve the call ({paths})")
-  # algorithm="auto": the fused kernel up to FUSED_AUTO_MAX_BYTES per rank, then
-  # the composition; where it takes the kernel, the fused call's bits
+  # algorithm="auto": the fused kernel up to its auto limit for this group and
+  # exchange, then the composition; where it takes the kernel, its bits
   auto = step("auto")
-  took = "fused_oneshot_ll" in {s.algorithm for s in jaxll.explain(auto, *args)}
-  small = tokens * hidden * np.dtype(dtype).itemsize <= jaxll.fused.FUSED_AUTO_MAX_BYTES
+  took = any(s.algorithm.startswith("fused_oneshot_") for s in jaxll.explain(auto, *args))
+  nbytes = tokens * hidden * np.dtype(dtype).itemsize
+  small = nbytes <= jaxll.fused.fused_auto_max_bytes(n, "fused_oneshot_sentinel" in paths)
   if took != small:
     report["errors"].append(f"{key}: auto took the fused kernel: {took}, expected {small}")
   fc, cc = fused.lower(*args).compile(), composed.lower(*args).compile()
@@ -79,24 +109,19 @@ for (tokens, hidden), dtype in CASES:
   if not all(np.array_equal(a, b) for a, b in zip(by_auto, [np.asarray(
       o.addressable_data(0)) for o in (fc if took else cc)(*args)])):
     report["errors"].append(f"{key}: auto's results differ from the path it took")
-  first = None
-  for _ in range(opts.runs):
-    got = [np.asarray(o.addressable_data(0)) for o in fc(*args)]
-    if first is None:
-      first = got
-      bits = lambda a: a.view(np.uint16 if a.dtype.itemsize == 2 else np.uint32)  # noqa: E731
-      if not np.array_equal(bits(got[1]), bits(want[1])):
-        report["errors"].append(f"{key}: new_residual differs from the composition's")
-      if not np.array_equal(bits(got[2]), bits(want[2])):
-        report["errors"].append(f"{key}: the all-reduce after it differs")
-      a, b = got[0].astype(np.float64), want[0].astype(np.float64)
-      rel = float(np.max(np.abs(a - b) / (np.abs(b) + 1e-3)))
-      report["max_rel"][key] = rel
-      if rel > 2 * TOL[np.dtype(dtype)]:
-        report["errors"].append(f"{key}: normed off by {rel:.2e} (relative)")
-    elif not all(np.array_equal(g, f) for g, f in zip(got, first)):
-      report["errors"].append(f"{key}: a run differs from the first")
-      break
+  # the sentinel exchange, named: the same checks (where it serves the shape)
+  variants = [("fused", fc)]
+  try:
+    sentinel = step("fused_sentinel")
+    if "fused_oneshot_sentinel" not in {s.algorithm for s in jaxll.explain(sentinel, *args)}:
+      report["errors"].append(f"{key}: fused_sentinel took another path")
+    variants.append(("fused_sentinel", sentinel.lower(*args).compile()))
+  except ValueError as e:
+    if (tokens, hidden) != (64, 16384) or "sentinel exchange cannot serve" not in str(e):
+      report["errors"].append(f"{key}: fused_sentinel refused: {e}")
+  launch.barrier()
+  for name, compiled in variants:
+    check_runs(f"{key}/{name}", compiled, args, want, dtype)
   report["cases"] += 1
 jaxll.check_errors()
 launch.report(report)
