@@ -1,5 +1,6 @@
-"""jaxll.all_reduce_rmsnorm: the fused kernel (algorithm="fused") against the
-composition (the one-shot LL all-reduce, then XLA's fused norm math), per call,
+"""jaxll.all_reduce_rmsnorm: the fused kernel (algorithm="fused", or the
+--fused variants) against the composition (jaxll.all_reduce with --composed,
+default auto, then XLA's fused norm math), per call,
 in steady state: a jitted chain of --chain steps ``(x, r) = f(x, r, w)`` (as in
 a decoder, where the normed output feeds the next layer's matmul and the new
 residual its residual add; here normed stands in for the next layer's partial
@@ -11,19 +12,22 @@ time per kernel of one run of each chain (process 0, JAX's profiler).
 
 --virtual N[,N...] runs the same two chains in this one process on N virtual
 ranks of GPU 0 instead (jaxll.testing: every call forks onto the N ranks'
-streams; the composed step is the virtual one-shot LL all-reduce and XLA's
+streams; the composed step is the virtual all-reduce (--composed, or the
+kernel jaxll.all_reduce's auto table names) and XLA's
 norm math over all N ranks' rows, the fused step the virtual fused call; both
 captured into XLA's command buffers), and adds the kernels' own times from
-CUDA graphs of back-to-back calls (the fused kernel; the one-shot LL
+CUDA graphs of back-to-back calls (the fused kernel; the composition's
 all-reduce of the same bytes; the graph floor).
 
   python benchmarks/fused_rmsnorm.py --processes 2 --json out.json
   python benchmarks/fused_rmsnorm.py --processes 8 --shapes 1x8192,2x8192,4x8192,8x8192,16x8192,32x8192,64x8192,128x8192
   python benchmarks/fused_rmsnorm.py --virtual 2,8 --shapes 1x8192,16x8192
+  python benchmarks/fused_rmsnorm.py --virtual 2,8 --fused fused_ll,fused_sentinel
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -31,6 +35,32 @@ import sys
 import time
 
 SHAPES = [(1, 4096), (8, 4096), (1, 8192), (8, 8192), (32, 8192)]
+
+
+# the fused variants (all_reduce_rmsnorm's algorithm names) and their protocols
+PROTOCOLS = {"fused": "auto", "fused_ll": "ll", "fused_sentinel": "sentinel"}
+
+
+def parse_fused(text: str) -> list[str]:
+  """"fused_ll,fused_sentinel" -> the variants, each a key of PROTOCOLS."""
+  names = [v.strip() for v in text.split(",") if v.strip()]
+  bad = [v for v in names if v not in PROTOCOLS]
+  if not names or bad:
+    raise argparse.ArgumentTypeError(f"--fused takes {', '.join(PROTOCOLS)}; got {text!r}")
+  return names
+
+
+def sentinel_serves(n: int, tokens: int, hidden: int, protocol: str) -> bool:
+  """Whether the virtual fused call can run this protocol for the shape (bf16):
+  only sentinel has shapes it refuses (asked of the kernel's own plan)."""
+  if protocol != "sentinel":
+    return True
+  from jaxll import testing
+  try:
+    testing.rmsnorm_kernel_time_us(n, tokens, hidden, iters=1, reps=1, protocol="sentinel")
+  except ValueError:
+    return False
+  return True
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -60,6 +90,7 @@ def worker(opts) -> None:
   from jaxll import launch
   launch.init_worker()
   import jaxll
+  from jaxll import fused
 
   n = jax.device_count()
   mesh = jax.make_mesh((n,), ("tp",))
@@ -77,16 +108,27 @@ def worker(opts) -> None:
     r0 = put(rng.standard_normal((tokens, hidden)).astype(jnp.bfloat16), P())
     w = put(np.ones(hidden, jnp.bfloat16), P())
     row = {"tokens": tokens, "hidden": hidden, "dtype": "bfloat16", "ranks": n}
-    composed = "auto" if opts.cpu else "oneshot_ll"  # (a forced kernel refuses CPU)
-    for name, algorithm in (("composed", composed), ("fused", "fused")):
-      def chain(x, r, w, algorithm=algorithm):
+    composed = "auto" if opts.cpu else opts.composed  # (a forced kernel refuses CPU)
+
+    def composed_step(x, r, w):  # jaxll.all_reduce, then XLA's norm math
+      return fused.residual_rmsnorm(jaxll.all_reduce(x, "tp", algorithm=composed), r, w, eps=1e-6)
+
+    def fused_step(algorithm):
+      return lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm=algorithm)
+
+    for name, step in [("composed", composed_step)] + [(v, fused_step(v)) for v in opts.fused]:
+      def chain(x, r, w, step=step):
         for _ in range(opts.chain):  # unrolled: a while loop would sync the host every step
-          x, r = jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm=algorithm)
+          x, r = step(x, r, w)
         return x, r
       f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=(P("tp"), P(), P()),
                                 out_specs=(P("tp"), P()), check_vma=False))
-      row[f"{name}_paths"] = sorted({s.algorithm for s in jaxll.explain(f, x, r0, w)})
-      compiled = f.lower(x, r0, w).compile()
+      try:
+        row[f"{name}_paths"] = sorted({s.algorithm for s in jaxll.explain(f, x, r0, w)})
+        compiled = f.lower(x, r0, w).compile()
+      except ValueError as e:  # (fused_sentinel on a shape it cannot serve; every rank alike)
+        row[f"{name}_paths"], row[f"{name}_us"] = [f"n/a: {e}"], None
+        continue
       launch.barrier()
       jax.block_until_ready(compiled(x, r0, w))
 
@@ -113,10 +155,19 @@ def worker(opts) -> None:
     auto = jax.shard_map(lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp"), mesh=mesh,
                          in_specs=(P("tp"), P(), P()), out_specs=(P("tp"), P()), check_vma=False)
     row["auto_paths"] = sorted({s.algorithm for s in jaxll.explain(jax.jit(auto), x, r0, w)})
-    row["speedup"] = row["composed_us"] / row["fused_us"]
+    add_speedups(row, opts.fused)
     rows.append(row)
   jaxll.check_errors()
   launch.report({"rows": rows})
+
+
+def add_speedups(row: dict, variants: list[str]) -> None:
+  """`{variant}_speedup`: the composed step over that fused variant's (None
+  where it did not run); `speedup`: the first variant's."""
+  for v in variants:
+    us = row.get(f"{v}_us")
+    row[f"{v}_speedup"] = row["composed_us"] / us if us else None
+  row["speedup"] = row[f"{variants[0]}_speedup"]
 
 
 def time_chain(compiled, args, runs: int, reps: int, chain: int) -> float:
@@ -141,7 +192,7 @@ def virtual_rows(opts) -> list[dict]:
   import jax.numpy as jnp
   import numpy as np
 
-  from jaxll import fused, testing
+  from jaxll import algorithms, fused, testing
 
   try:
     dev = jax.devices("cuda")[0]
@@ -161,15 +212,29 @@ def virtual_rows(opts) -> list[dict]:
       row = {"mode": "virtual", "tokens": tokens, "hidden": hidden, "dtype": "bfloat16",
              "ranks": n, "command_buffer": cb}
 
-      def composed(x, r, w):
-        y = testing.virtual_all_reduce(x, algorithm="oneshot_ll", device=dev, command_buffer=cb)
+      # (auto: the kernel jaxll.all_reduce's auto table names for this group
+      # and size; a virtual call needs one named)
+      ar = opts.composed
+      if ar == "auto":
+        ar = algorithms.choose_auto(n, tokens * hidden * 2, np.dtype(jnp.bfloat16), "sum")[0]
+        ar = "oneshot_ll" if ar == algorithms.XLA else ar
+      row["composed_algorithm"] = ar
+
+      def composed(x, r, w, ar=ar):
+        y = testing.virtual_all_reduce(x, algorithm=ar, device=dev, command_buffer=cb)
         return fused.residual_rmsnorm(y, r, w, eps=1e-6)
 
-      def fused_step(x, r, w):
-        return testing.virtual_fused_rmsnorm(x, r, w, eps=1e-6, device=dev, command_buffer=cb)
+      def fused_step(x, r, w, protocol="auto"):
+        return testing.virtual_fused_rmsnorm(x, r, w, eps=1e-6, device=dev, command_buffer=cb,
+                                             protocol=protocol)
 
       one = {}
-      for name, step in (("composed", composed), ("fused", fused_step)):
+      steps = [("composed", composed)] + [
+          (v, functools.partial(fused_step, protocol=PROTOCOLS[v])) for v in opts.fused]
+      for name, step in steps:
+        if name != "composed" and not sentinel_serves(n, tokens, hidden, PROTOCOLS[name]):
+          row[f"{name}_us"] = row[f"{name}_kernel_us"] = None
+          continue
         def chain(x, r, w, step=step):
           for _ in range(opts.chain):
             x, r = step(x, r, w)
@@ -178,23 +243,29 @@ def virtual_rows(opts) -> list[dict]:
         jax.block_until_ready(compiled(x, r0, w))
         row[f"{name}_us"] = time_chain(compiled, (x, r0, w), opts.runs, opts.reps, opts.chain)
         one[name] = [np.asarray(v.astype(jnp.float32)) for v in jax.jit(step)(x, r0, w)]
-      row["speedup"] = row["composed_us"] / row["fused_us"]
-      # one step of each, compared (XLA's mean adds in its own order: normed may
-      # differ in the last bit; new_residual is the same sum, rounded once)
-      row["new_residual_equal"] = bool(np.array_equal(one["composed"][1], one["fused"][1]))
-      row["normed_max_abs_diff"] = float(np.max(np.abs(one["composed"][0] - one["fused"][0])))
-      row["fused_kernel_us"] = statistics.median(testing.rmsnorm_kernel_time_us(
-          n, tokens, hidden, dtype="bfloat16", iters=opts.graph_iters)) - floor
+        if name != "composed":
+          row[f"{name}_kernel_us"] = statistics.median(testing.rmsnorm_kernel_time_us(
+              n, tokens, hidden, dtype="bfloat16", iters=opts.graph_iters,
+              protocol=PROTOCOLS[name])) - floor
+          # one step of each, compared (XLA's mean adds in its own order: normed
+          # may differ in the last bit; new_residual is the same sum, rounded once)
+          row[f"{name}_new_residual_equal"] = bool(np.array_equal(one["composed"][1], one[name][1]))
+          row[f"{name}_normed_max_abs_diff"] = float(
+              np.max(np.abs(one["composed"][0] - one[name][0])))
+      add_speedups(row, opts.fused)
       row["all_reduce_kernel_us"] = statistics.median(testing.kernel_time_us(
-          n, tokens * hidden * 2, dtype="bfloat16", algorithm="oneshot_ll",
+          n, tokens * hidden * 2, dtype="bfloat16", algorithm=ar,
           iters=opts.graph_iters)) - floor
       row["graph_floor_us"] = floor
       rows.append(row)
-      print(f"{tokens:3d} x {hidden:5d} bf16, {n} virtual ranks: composed {row['composed_us']:7.2f} us, "
-            f"fused {row['fused_us']:7.2f} us, {row['speedup']:.2f}x; kernels above the graph floor "
-            f"({floor:.2f} us): fused {row['fused_kernel_us']:.2f} us, one-shot LL all-reduce "
-            f"{row['all_reduce_kernel_us']:.2f} us; new_residual equal: {row['new_residual_equal']}, "
-            f"normed max |diff| {row['normed_max_abs_diff']:.3g}", flush=True)
+      fused_text = "; ".join(
+          f"{v} n/a" if row[f"{v}_us"] is None else
+          f"{v} {row[f'{v}_us']:7.2f} us, {row[f'{v}_speedup']:.2f}x (kernel {row[f'{v}_kernel_us']:.2f} us, "
+          f"new_residual equal: {row[f'{v}_new_residual_equal']}, normed max |diff| "
+          f"{row[f'{v}_normed_max_abs_diff']:.3g})" for v in opts.fused)
+      print(f"{tokens:3d} x {hidden:5d} bf16, {n} virtual ranks: composed ({ar}) {row['composed_us']:7.2f} us; "
+            f"{fused_text}; kernels above the graph floor ({floor:.2f} us), all-reduce ({ar}) "
+            f"{row['all_reduce_kernel_us']:.2f} us", flush=True)
   return rows
 
 
@@ -216,6 +287,12 @@ def main() -> None:
                  help="N[,N...]: virtual ranks of GPU 0 in this process instead of processes")
   p.add_argument("--graph-iters", type=int, default=200,
                  help="--virtual: calls per CUDA graph for the kernel times")
+  p.add_argument("--composed", default="auto",
+                 help="the composition's all-reduce algorithm (default auto: jaxll.all_reduce's "
+                      "own choice; --virtual: the kernel its auto table names)")
+  p.add_argument("--fused", type=parse_fused, default=["fused"],
+                 help="fused variants to time against the composition, comma-separated: "
+                      "fused (the kernel's protocol choice), fused_ll, fused_sentinel")
   p.add_argument("--no-command-buffer", action="store_true",
                  help="--virtual: keep the virtual calls out of XLA's command buffers")
   opts = p.parse_args()
@@ -232,7 +309,8 @@ def main() -> None:
     return
   from jaxll import launch
   args = ["--worker", "--chain", str(opts.chain), "--runs", str(opts.runs),
-          "--reps", str(opts.reps), "--shapes", ",".join(f"{t}x{h}" for t, h in opts.shapes)] + (["--cpu"] if opts.cpu else []) + (
+          "--reps", str(opts.reps), "--shapes", ",".join(f"{t}x{h}" for t, h in opts.shapes),
+          "--fused", ",".join(opts.fused), "--composed", opts.composed] + (["--cpu"] if opts.cpu else []) + (
               ["--profile"] if opts.profile else [])
   gpus = [str(i) for i in range(opts.processes)]
   try:
@@ -251,11 +329,14 @@ def main() -> None:
                                           "NCCL_NVLS_ENABLE": "0"})
   rows = workers[0].result["rows"]
   for r in rows:
+    fused_text = "; ".join(
+        f"{v} n/a" if r[f"{v}_us"] is None else
+        f"{v} {r[f'{v}_us']:7.2f} us ({','.join(r[f'{v}_paths'])}), {r[f'{v}_speedup']:.2f}x"
+        for v in opts.fused)
     print(f"{r['tokens']:3d} x {r['hidden']:5d} bf16, {r['ranks']} ranks: composed "
-          f"{r['composed_us']:7.2f} us ({','.join(r['composed_paths'])}), fused "
-          f"{r['fused_us']:7.2f} us ({','.join(r['fused_paths'])}), {r['speedup']:.2f}x; "
+          f"{r['composed_us']:7.2f} us ({','.join(r['composed_paths'])}); {fused_text}; "
           f"auto: {','.join(r['auto_paths'])}")
-    for name in ("composed", "fused"):
+    for name in ["composed"] + opts.fused:
       for kernel, (launches, us) in sorted(r.get(f"{name}_kernels", {}).items(), key=lambda kv: -kv[1][1]):
         print(f"    {name:8s} {us:7.2f} us/step in {launches:4.1f} launches/step of {kernel}")
   if opts.json:
