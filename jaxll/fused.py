@@ -4,14 +4,14 @@ pattern of every tensor-parallel decoder block.
 
 ``algorithm="fused"`` asks for the single kernel that does all three on the
 one-shot path (``ffi/kernels/all_reduce_rmsnorm.cu``), its exchange LL16 or,
-for calls of 64 KiB and more that its decode-shape cut serves, the sentinel
-protocol (``"fused_ll"`` / ``"fused_sentinel"`` name one); ``algorithm="auto"``
+for calls of 64 KiB and more (or rows of 32 KiB and more) that its decode-shape
+cut serves, the sentinel protocol (``"fused_ll"`` / ``"fused_sentinel"`` name one); ``algorithm="auto"``
 (the default) takes it where it was measured faster: at most
-``FUSED_AUTO_MAX_BYTES`` (128 KiB) of ``x`` per rank, and in groups of 2 up to
-``FUSED_SENTINEL_AUTO_MAX_BYTES[2]`` (256 KiB) where the kernel runs on the
-sentinel exchange: a decode step's few tokens (1-8 tokens at hidden 8192 in
-bfloat16, 16 in groups of 2; ``benchmarks/README.md``, "Fused all-reduce +
-RMSNorm"), unless jaxll.all_reduce's auto would leave that
+``FUSED_AUTO_MAX_BYTES`` (128 KiB) of ``x`` per rank, and where the kernel runs
+on the sentinel exchange up to ``FUSED_SENTINEL_AUTO_MAX_BYTES`` (512 KiB in
+groups of 2, 256 KiB in groups of 4): a decode step's few tokens (1-8 tokens at
+hidden 8192 in bfloat16, 16 in groups of 4, 32 in groups of 2;
+``benchmarks/README.md``, "Fused all-reduce + RMSNorm"), unless jaxll.all_reduce's auto would leave that
 all-reduce to XLA (a group of one device, ``JAXLL_AUTO_MAX_BYTES``). Otherwise, or with a jaxll.all_reduce algorithm
 named, it is the composition of :func:`jaxll.all_reduce` (its kernels, its
 auto choice, its XLA fallback) and the norm math, which XLA fuses into one
@@ -50,12 +50,13 @@ COMPOSED = "composed"
 FUSED_AUTO_MAX_BYTES = 128 * 1024
 # ... and, for the group sizes listed, up to this many where the kernel runs on
 # the sentinel exchange (its decode-shape cut; the kernel's own protocol
-# choice). Measured on one H200, bfloat16, hidden 8192 (benchmarks/README.md,
-# "Session 11"): 16 tokens (256 KiB) with 2 processes 1.41-1.43x the
-# composition, on 2 virtual ranks 1.43x; at 8 ranks the composition's two-shot
-# all-reduce is faster from 16 tokens on virtual ranks (0.63x), so 8 is not
-# listed; 4 was not measured.
-FUSED_SENTINEL_AUTO_MAX_BYTES: dict[int, int] = {2: 256 * 1024}
+# choice). Measured on one H200, bfloat16, hidden 8192, against the composition
+# with jaxll.all_reduce's auto choice (benchmarks/README.md, "Session 11"):
+# N=2 processes 1.41-1.74x at 16 tokens (256 KiB), 1.24-1.27x at 32 (512 KiB;
+# beyond, the sentinel cut does not serve); N=4 processes 1.26x at 16 tokens
+# (virtual ranks 1.25x); at N=8 the composition's two-shot all-reduce is faster
+# from 16 tokens (virtual ranks 0.63x), so 8 is not listed.
+FUSED_SENTINEL_AUTO_MAX_BYTES: dict[int, int] = {2: 512 * 1024, 4: 256 * 1024}
 
 
 def fused_auto_max_bytes(group_size: int, sentinel: bool) -> int:
@@ -65,7 +66,8 @@ def fused_auto_max_bytes(group_size: int, sentinel: bool) -> int:
     return max(FUSED_AUTO_MAX_BYTES, FUSED_SENTINEL_AUTO_MAX_BYTES.get(group_size, 0))
   return FUSED_AUTO_MAX_BYTES
 
-# (no group's auto limit is higher: beyond it, auto is the composition at once)
+# (no group's auto limit is higher: beyond it, auto is the composition at once;
+# computed at import, as the limits are constants)
 _AUTO_CEILING = max([FUSED_AUTO_MAX_BYTES, *FUSED_SENTINEL_AUTO_MAX_BYTES.values()])
 
 _FLOATS = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
@@ -98,8 +100,20 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
       sentinel exchange in a group that ``FUSED_SENTINEL_AUTO_MAX_BYTES``
       lists), else the composition with jaxll.all_reduce's auto choice; ``"fused"``: one kernel for all three
       steps where a jaxll workspace serves the axes (float32/bfloat16/float16,
-      the hidden size's bytes a multiple of 8), else the composition; any
-      other jaxll.all_reduce algorithm: the composition with that all-reduce.
+      the hidden size's bytes a multiple of 8), else the composition;
+      ``"fused_ll"`` / ``"fused_sentinel"``: that kernel with its exchange
+      named (LL16 packets, or the sentinel protocol's direct stores; ``"fused"``
+      and auto let the kernel choose, sentinel where it measured faster), else
+      as ``"fused"``; sentinel serves only calls whose rows' bytes are a
+      multiple of 16 and that its decode-shape kernel moves in one round (a
+      16-byte unit a thread, e.g. up to 16 tokens at hidden 8192 bf16 with 8
+      ranks on one H200), and where a workspace serves the axes but sentinel
+      cannot serve the call, lowering raises ValueError; any other
+      jaxll.all_reduce algorithm: the composition with that all-reduce. The
+      kernel's cut (and so its exchange, and auto's choice above
+      ``FUSED_AUTO_MAX_BYTES``) depends on the device (its SMs, cluster
+      support), asked at lowering; ranks that cut a call differently report a
+      signature mismatch.
 
   Differentiable in ``x``, ``residual`` and ``weight`` (the all-reduce's
   transpose is psum's). ``jaxll.explain`` lists its all-reduce as a call site
@@ -269,8 +283,9 @@ def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
                                          [x, residual, weight], workspace=ws,
                                          eps=np.float32(eps), protocol=np.int32(code))
     algorithm = f"fused_oneshot_{plan['protocol']}"
-    limit_name = ("FUSED_AUTO_MAX_BYTES" if nbytes <= FUSED_AUTO_MAX_BYTES else
-                  f"FUSED_SENTINEL_AUTO_MAX_BYTES[{group_size}]")
+    limit_name, limit = (("FUSED_AUTO_MAX_BYTES", FUSED_AUTO_MAX_BYTES)
+                         if nbytes <= FUSED_AUTO_MAX_BYTES else
+                         (f"FUSED_SENTINEL_AUTO_MAX_BYTES[{group_size}]", limit))
     reason = (
         f"algorithm={requested!r} requested" if requested in _FUSED_NAMES else
         f"auto: {nbytes} B per rank, at most {limit_name} = {limit} (measured faster than "
