@@ -49,8 +49,8 @@ def _codes() -> dict:
   native = ext.codes()
   for kind, names in (("algorithms", (XLA,) + _KERNEL_NAMES), ("dtypes", _DTYPES),
                       ("ops", _OPS), ("rmsnorm_protocols", _RMSNORM_PROTOCOLS)):
-    if set(native[kind]) != set(names):
-      raise ImportError(f"jaxll: the compiled extension's {kind} {sorted(native[kind])} "
+    if set(native.get(kind, ())) != set(names):
+      raise ImportError(f"jaxll: the compiled extension's {kind} {sorted(native.get(kind, ()))} "
                         f"differ from the Python package's {sorted(names)}: rebuild jaxll")
   return native
 

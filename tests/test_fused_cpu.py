@@ -291,7 +291,8 @@ def test_auto_lowers_to_the_kernel_up_to_the_measured_size(mesh, monkeypatch, hi
   if fused:
     site = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"][-1]
     assert (site.requested, site.algorithm) == ("auto", "fused_oneshot_ll")
-    assert site.reason.startswith("auto: 768 B per rank"), site.reason
+    assert site.reason.startswith("auto: 768 B per rank, at most FUSED_AUTO_MAX_BYTES = 131072"), (
+        site.reason)
 
 
 @pytest.mark.parametrize("group,fused", [(2, True), (8, False)])
@@ -375,10 +376,12 @@ def test_vmap_over_a_reduced_axis_name(mesh, algorithm):
   np.testing.assert_allclose(normed, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("batch,fused", [(2, True), (64, False)])
+@pytest.mark.parametrize("batch,fused", [(2, True), (64, False), (256, False)])
 def test_auto_under_vmap_counts_the_batched_rows(mesh, monkeypatch, batch, fused):
   # 3 x 256 float32 = 3 KiB per vmapped call: 2 of them (6 KiB) stay on the
   # kernel, 64 (192 KiB) exceed FUSED_AUTO_MAX_BYTES and take the composition
+  # at lowering (the fake plan is LL16), 256 (768 KiB) exceed every group's
+  # limit and take it in the batching rule
   from jaxll import fused as fused_mod
   from jaxll import lowering
   monkeypatch.setattr(fused_mod, "_kernel_plan", lambda *a: {"blocks": 4, "protocol": "ll"})

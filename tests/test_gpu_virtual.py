@@ -470,13 +470,15 @@ def test_fused_rmsnorm_on_the_sentinel_exchange(n, tokens, hidden, dtype):
   x = rng.standard_normal((n, tokens, hidden)).astype(dtype)
   residual = rng.standard_normal((tokens, hidden)).astype(dtype)
   weight = (1 + 0.1 * rng.standard_normal(hidden)).astype(dtype)
-  want_normed, want_new = _rmsnorm_reference(x, residual, weight, 1e-5)
   bits = np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
   tol = {2: 1.6e-2 if dtype == jnp.bfloat16 else 2e-3, 4: 2e-6}[np.dtype(dtype).itemsize]
-  # three calls: the third reuses the scratch slots the first read and reset;
-  # the LL16 kernel between them shares the workspace's epochs
-  for protocol in ("sentinel", "ll", "sentinel", "sentinel"):
-    normed, new = jt.virtual_all_reduce_rmsnorm(x, residual, weight, eps=1e-5,
+  # four calls, each with other inputs: the third and fourth reuse scratch slots
+  # an earlier call read and reset (a slot left holding old data would show as
+  # the old call's values); the LL16 kernel between them shares the epochs
+  for k, protocol in enumerate(("sentinel", "ll", "sentinel", "sentinel")):
+    xk = (x.astype(np.float32) + k).astype(dtype)
+    want_normed, want_new = _rmsnorm_reference(xk, residual, weight, 1e-5)
+    normed, new = jt.virtual_all_reduce_rmsnorm(xk, residual, weight, eps=1e-5,
                                                 protocol=protocol)
     for r in range(n):
       np.testing.assert_array_equal(new[r].view(bits), want_new.view(bits))

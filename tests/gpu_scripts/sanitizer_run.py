@@ -36,24 +36,30 @@ for n in ranks:
       print(n, name, dtype, res["mismatches"], res["error"] or "no error", flush=True)
       bad += res["mismatches"] + (1 if res["error"] else 0)
   # the fused all-reduce + residual + RMSNorm, rows of one and of several
-  # rounds, on LL16 (auto) and, where it serves, the sentinel exchange
+  # rounds on LL16 (this 4 KiB workspace), then on the sentinel exchange (a
+  # workspace of 1 MiB, whose regions hold each of these rows' segments: every
+  # shape must be served), three calls with other inputs each
+  big = ext.create_workspace([[0] * n], True, 1 << 20, 3000)
   for dtype, hidden in (("float32", 12), ("bfloat16", 4096), ("float16", 1000)):
     item = 4 if dtype == "float32" else 2
     tokens = 3
     x = np.random.default_rng(hidden).integers(0, 255, size=n * tokens * hidden * item,
                                                dtype=np.uint8)
     x[1::2] = 0x3C  # small finite values in every dtype
-    for protocol in (0, 2, 2):
+    for c, protocol, k in ((comm, 0, 0), (big, 2, 0), (big, 2, 1), (big, 2, 2)):
+      xk = x.copy()
+      xk[::2] = (xk[::2].astype(np.int64) + 17 * k) % 256  # (other low bytes)
       try:
-        ext.virtual_rmsnorm(comm, algorithms.DTYPE_CODES[dtype], x.tobytes(),
-                            x[:tokens * hidden * item].tobytes(), x[:hidden * item].tobytes(),
-                            tokens, hidden, 1e-6, protocol=protocol)
-        print(n, "rmsnorm", dtype, hidden, protocol, "no error", flush=True)
-      except ValueError as e:  # (sentinel: a cut it does not take)
-        print(n, "rmsnorm", dtype, hidden, protocol, "refused:", str(e)[:60], flush=True)
-      except RuntimeError as e:
+        *_, err = ext.virtual_rmsnorm(c, algorithms.DTYPE_CODES[dtype], xk.tobytes(),
+                                      xk[:tokens * hidden * item].tobytes(),
+                                      xk[:hidden * item].tobytes(), tokens, hidden, 1e-6,
+                                      protocol=protocol)
+        print(n, "rmsnorm", dtype, hidden, protocol, err or "no error", flush=True)
+        bad += int(bool(err))
+      except (RuntimeError, ValueError) as e:
         print(n, "rmsnorm", dtype, hidden, protocol, e, flush=True)
         bad += 1
+  ext.free_workspace(big)
   # all-gather (2) and reduce-scatter (3), the three protocols, several rounds
   # of pieces (4 KiB of scratch): each output checked against numpy here (small
   # integers, in float32 for the sentinel protocol, which has no int32 kernel)
@@ -104,8 +110,9 @@ for n in ranks:
     print(n, "rmsnorm absent", protocol, err[:60] or "no error", flush=True)
     bad += int(not err)
     ext.workspace_reset(c)
-  ext.virtual_rmsnorm(big, algorithms.DTYPE_CODES["bfloat16"], xb.tobytes(),
-                      xb[:2 * 4096].tobytes(), xb[:4096].tobytes(), 2, 4096, 1e-6, protocol=2)
+  xr = xb + 1  # (other inputs than those the absent rank's peers left)
+  ext.virtual_rmsnorm(big, algorithms.DTYPE_CODES["bfloat16"], xr.tobytes(),
+                      xr[:2 * 4096].tobytes(), xr[:4096].tobytes(), 2, 4096, 1e-6, protocol=2)
   errs = ext.workspace_errors(big)
   print(n, "rmsnorm sentinel after reset", errs or "no error", flush=True)
   bad += int(bool(errs))
