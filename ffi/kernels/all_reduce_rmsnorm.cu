@@ -24,7 +24,10 @@
 // Two kernels do this: rmsnorm_kernel, for any cut, and rmsnorm_lean_kernel,
 // for the cuts where every block holds one segment of one row that one round
 // moves with at most one unit per thread (lean_plan(): the decode shapes), the
-// same steps without the loops over rows and chunks (see its comment).
+// same steps without the loops over rows and chunks (see its comment). The
+// decode-shape kernel also runs on the sentinel exchange (16-byte units, half
+// LL16's bytes), cut in 16-byte units: plan_all_reduce_rmsnorm's protocol
+// (RmsNormProtocol in all_reduce.h) chooses.
 #include <algorithm>
 
 #include <cooperative_groups.h>
