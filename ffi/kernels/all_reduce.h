@@ -90,12 +90,33 @@ const char* rmsnorm_unsupported(DType dtype, int64_t hidden, const RankView& vie
 // kernel's blocks carry twice the bytes, so fewer blocks share the call), from
 // 64 KiB the two are within 3% or sentinel is faster (16 x 8192 bf16: 6.22 ->
 // 4.39 us at N = 2, 29.9 -> 20.3 us at N = 8), and rows of 16384 bf16 are
-// faster on sentinel from 1 token. The values are the FFI attribute's
+// faster on sentinel from 1 token. kTwoShotLL / kTwoShotSentinel name the
+// two-shot kernel (reduce-scatter and all-gather of the sums inside each row
+// segment; one row-wave, at most kRmsNormTwoShotUnits units a thread). Auto
+// takes it on sentinel, where it serves, (a) in groups of at least
+// kFusedTwoShotFromRanks for calls of at least kFusedTwoShotFromBytes of x
+// per rank (N=8 virtual ranks, 8192 bf16: 16 tokens 13.1 vs 17.5 us one-shot
+// sentinel; at 8 tokens 8.34 vs 8.41 us, but with 8 processes the one-shot
+// step was faster in two runs: 14.0 vs 15.3 us), and (b) for calls of at least
+// kFusedSentinelFromBytes that neither decode-shape cut serves, instead of the
+// general LL16 kernel (64 tokens: 9.9 vs 12.7 us at N=2, 15.0 vs 34.6 at N=4;
+// 32 tokens at N=8: 17.1 vs 56 us). The values are the FFI attribute's
 // (jaxll.algorithms.RMSNORM_PROTOCOL_CODES).
-enum class RmsNormProtocol : int { kAuto = 0, kLL = 1, kSentinel = 2 };
+enum class RmsNormProtocol : int {
+  kAuto = 0, kLL = 1, kSentinel = 2, kTwoShotLL = 3, kTwoShotSentinel = 4
+};
+constexpr int kRmsNormProtocolCount = 5;
+// "auto", "ll", "sentinel", "twoshot_ll", "twoshot_sentinel" (null for an unknown code).
+const char* rmsnorm_protocol_name(int code);
 constexpr int64_t kFusedSentinelFromBytes = 64 * 1024;
 constexpr int64_t kFusedSentinelFromRowBytes = 32 * 1024;
-// cudaErrorNotSupported when kSentinel cannot serve the call.
+constexpr int kFusedTwoShotFromRanks = 8;
+constexpr int64_t kFusedTwoShotFromBytes = 256 * 1024;
+constexpr int kRmsNormTwoShotUnits = 2;
+// Why a protocol asked for was refused (launch_all_reduce_rmsnorm's
+// cudaErrorNotSupported): the one text the FFI and the testing tools report.
+extern const char* const kRmsNormRefusal;
+// cudaErrorNotSupported when the protocol named cannot serve the call.
 cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const void* x,
                                       const void* residual, const void* weight, void* normed,
                                       void* new_residual, int64_t tokens, int64_t hidden,
@@ -108,11 +129,11 @@ std::vector<const void*> rmsnorm_kernel_functions();
 // `cluster` > 1; `slots`: the row's partial sums go through the header's
 // tagged slots (the tag then advances by `waves`); spans count units of the
 // plan's protocol (8 bytes LL16, 16 sentinel); `lean`: the decode-shape kernel
-// runs it. No plan (blocks 0) where the protocol asked for cannot serve.
+// runs it; `twoshot`: the two-shot kernel runs it. No plan (blocks 0) where the protocol asked for cannot serve.
 struct RmsNormPlan {
   int64_t segments = 1, seg_span = 0, chunk_units = 0, rows_at_once = 1, blocks = 0, waves = 0;
-  int threads = 0, cluster = 1;
-  bool slots = false, pdl = false, lean = false;
+  int threads = 0, cluster = 1, units = 1;  // (units: a two-shot thread's)
+  bool slots = false, pdl = false, lean = false, twoshot = false;
   Proto proto = Proto::kLL;
 };
 RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t tokens,

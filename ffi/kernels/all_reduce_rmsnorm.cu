@@ -21,13 +21,16 @@
 // code 1). All blocks of the grid are co-resident (the grid bound), so a block
 // waiting for its row's partial sums always ends.
 //
-// Two kernels do this: rmsnorm_kernel, for any cut, and rmsnorm_lean_kernel,
+// Three kernels do this: rmsnorm_kernel, for any cut, and rmsnorm_lean_kernel,
 // for the cuts where every block holds one segment of one row that one round
 // moves with at most one unit per thread (lean_plan(): the decode shapes), the
 // same steps without the loops over rows and chunks (see its comment). The
 // decode-shape kernel also runs on the sentinel exchange (16-byte units, half
-// LL16's bytes), cut in 16-byte units: plan_all_reduce_rmsnorm's protocol
-// (RmsNormProtocol in all_reduce.h) chooses.
+// LL16's bytes), cut in 16-byte units. rmsnorm_twoshot_kernel takes the same
+// kind of cut (one row-wave, up to 2 units a thread) with the segment's
+// exchange in two shots (reduce-scatter, all-gather of the sums: about
+// 2(N-1)/N of the bytes instead of N-1 times them). plan_all_reduce_rmsnorm's
+// protocol (RmsNormProtocol in all_reduce.h) chooses.
 #include <algorithm>
 
 #include <cooperative_groups.h>
@@ -488,7 +491,6 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_k
   }
   const int sig_lane = !v.signatures || n == 1 ? 0 : signature_lane(n);
   send_signature(a.base, sig_lane, n, bs);
-  bool ok = signature_ok(a.base, sig_lane, n, bs);
   const uint64_t epoch = bs.epoch;
   const int parity = static_cast<int>(epoch & 1);
   const Channel<P, T> ch(v, 0, static_cast<int>(blockIdx.x), parity, epoch);
@@ -498,6 +500,14 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_k
   // (sentinel: the value every rank adds is the one sent, canonicalized)
   if (mine) xv = ch.prepare(xv);
   if (mine) send_to_peers<NR>(ch, n, i, xv);
+  // The signature lanes (the block's last n - 1 threads, which carry data here:
+  // no spare warp) check the peers' signatures after their sends, so that
+  // their data is not held back a cross-rank round trip; data sent on a call
+  // whose signatures disagree only lands in scratch regions of this call's
+  // shape, and the recorded mismatch keeps the workspace unusable until a
+  // reset refills them (as in the all-reduce kernels, whose data threads never
+  // wait for the check).
+  bool ok = signature_ok(a.base, sig_lane, n, bs);
   float squares = 0.f;
   Unit<W> hv = poison_unit<W>();
   if (mine) {
@@ -523,6 +533,160 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_k
   if (mine) {
     const Unit<W> out = norm_unit<T, W>(hv, wv, inv);
     store_unit<T, W>(static_cast<T*>(a.normed), at, count, vec, ok ? out : poison_unit<W>());
+  }
+  JAXLL_PHASE(4);
+  if (slots && threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&v.header->norm_done, 1ull) == gridDim.x - 1) {
+      v.header->norm_done = 0;
+      v.header->norm_tag = tag0 + 1;
+    }
+  }
+  if (block_failed(ok)) poison_segments<T, W>(a, g);
+  JAXLL_PHASE(5);
+}
+
+// The two-shot fused kernel: rmsnorm_lean_kernel's cut (one row-wave, a
+// block per segment of a row, the row's blocks combined as there), with the
+// segment's exchange done in two shots, as the two-shot all-reduce does with a
+// round. The segment's len units are cut into N chunks of c = ceil(len / N)
+// (the last padded with zeros, so every rank sends every peer something in
+// both phases); rank j owns chunk j. Every rank stores chunk j of its x into
+// rank j's phase-0 scratch; rank j reduces the N contributions in rank order
+// (the same bits the one-shot kernels get) and stores the sum into every
+// peer's phase-1 scratch; every rank then holds the whole segment's sum and
+// adds its own residual (so new_residual is what the one-shot kernel gives,
+// even where residuals differ across ranks). The bytes a rank moves are about
+// 2(N-1)/N of the segment's instead of N-1 times it, which is what wins at
+// N = 8 on one GPU's memory. A thread holds units i, i + blockDim.x, ... of
+// the padded segment (K of them: 1, or kRmsNormTwoShotUnits for segments of
+// more units than threads; K = 1 has no register spills on sm_90). Every
+// thread does all its reductions before any of its receives: a receive waits
+// for an owner's reduction, a reduction only for the sends that precede every
+// wait, so no wait cycles.
+// One round per call: the sentinel resets need no fence (as in the lean kernel).
+template <class T, int NR, Proto P, int K>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_twoshot_kernel(RmsNormArgs a) {
+  constexpr int W = unit_bytes<P>();
+  const RankView& v = a.base.view;
+  const int n = NR > 0 ? NR : v.nranks;
+  const int rank = v.rank;
+  const bool vec = ((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.residual) |
+                     reinterpret_cast<uintptr_t>(a.weight) | reinterpret_cast<uintptr_t>(a.new_residual) |
+                     reinterpret_cast<uintptr_t>(a.normed)) % W) == 0;
+  bool entered = false;
+  if (a.clustered) cluster_entry_arrive();
+  collective_prologue(a.base);
+  JAXLL_PHASE(0);
+  const int seg = static_cast<int>(blockIdx.x) % a.segments;
+  const int row = static_cast<int>(blockIdx.x) / a.segments;
+  const int span = static_cast<int>(a.seg_span);
+  const int u0 = seg * span;
+  const int len = min(static_cast<int>(a.row_units) - u0, span);
+  const int c = (len + n - 1) / n;  // units per chunk (the last chunks padded)
+  const int padded = n * c;
+  const bool slots = a.segments > 1 && !a.clustered;
+  const uint64_t tag0 = slots ? *reinterpret_cast<volatile uint64_t*>(&v.header->norm_tag) : 0;
+  Segment g;  // (for the failure paths shared with rmsnorm_kernel)
+  g.u0 = u0;
+  g.u1 = u0 + len;
+  g.group = row;
+  g.rows = 1;
+  if (row >= a.tokens || padded > K * static_cast<int>(blockDim.x)) __trap();  // (plan and launch disagree)
+  const size_t at = static_cast<size_t>(row) * static_cast<size_t>(a.row_units) + u0;
+  const int64_t count = a.tokens * a.hidden;
+  // x and the residual are loaded before the epochs, so that the latencies
+  // overlap; the weight after the exchange (registers: a thread holds two units).
+  Unit<W> xv[K], rv[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    xv[k] = rv[k] = Unit<W>{};
+    if (u < len) {
+      xv[k] = load_unit<T, W>(static_cast<const T*>(a.x), at + u, count, vec);
+      rv[k] = load_unit<T, W>(static_cast<const T*>(a.residual), at + u, count, vec);
+    }
+  }
+  const BlockStart bs = block_begin(v, 1u);
+  JAXLL_PHASE(1);
+  if (bs.had_error) {
+    poison_segments<T, W>(a, g);
+    if (a.clustered) cluster_drain(a, g, 0, &entered);
+    return;
+  }
+  const int sig_lane = !v.signatures || n == 1 ? 0 : signature_lane(n);
+  send_signature(a.base, sig_lane, n, bs);
+  const uint64_t epoch = bs.epoch;
+  const int parity = static_cast<int>(epoch & 1);
+  const Channel<P, T> rs(v, 0, static_cast<int>(blockIdx.x), parity, epoch);
+  const Channel<P, T> ag(v, 1, static_cast<int>(blockIdx.x), parity, epoch);
+  if constexpr (P == Proto::kLL) {
+    if (ll16_refresh_due(epoch)) ll_refresh(v, epoch, parity);
+  }
+  // Reduce-scatter: unit u goes to its owner's slot u - owner * c.
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    xv[k] = rs.prepare(xv[k]);  // (sentinel: the value every rank adds is the one sent)
+    const int owner = u / c;
+    if (u < padded && owner != rank) rs.send(owner, u - owner * c, xv[k]);
+  }
+  // (the signature lanes check after their sends, as in rmsnorm_lean_kernel)
+  bool ok = signature_ok(a.base, sig_lane, n, bs);
+  // This rank's chunk: reduce in rank order, send the sum to every peer.
+  Unit<W> hv[K];  // the sums, then new_residual
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    if (u < padded && u / c == rank && ok) {
+      ok = reduce_slot<NR, P, T, SumOp, W>(rs, n, u - rank * c, xv[k], &hv[k]);
+      if (ok) {
+        hv[k] = ag.prepare(hv[k]);
+        send_to_peers<NR>(ag, n, u - rank * c, hv[k]);
+      }
+    }
+  }
+  // The other chunks' sums from their owners.
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    const int owner = u / c;
+    if (u < padded && owner != rank && ok) ok = channel_recv<P, T, W>(ag, owner, u - owner * c, &hv[k]);
+  }
+  JAXLL_PHASE(2);
+  // The residual, added in unit order (so the squares add up in the same order
+  // on every rank, whichever units it owned).
+  Unit<W> wv[K];
+  float squares = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    wv[k] = u < len ? load_unit<T, W>(static_cast<const T*>(a.weight), u0 + u, a.hidden, vec) : Unit<W>{};
+    if (u < len) {
+      hv[k] = ok ? residual_add<T, W>(hv[k], rv[k], &squares) : poison_unit<W>();
+      store_unit<T, W>(static_cast<T*>(a.new_residual), at + u, count, vec, hv[k]);
+    }
+  }
+  // (the call's only round: no fence; block_sum_ok's barrier ends it)
+  const float part = block_sum_ok(squares, &ok, false);
+  if (!ok) {
+    poison_segments<T, W>(a, g);
+    if (a.clustered) cluster_drain(a, g, 0, &entered);
+    return;
+  }
+  const float total =
+      a.segments == 1 ? part
+      : a.clustered   ? cluster_row_total(part, 0, a.segments, &ok, &entered)
+                      : row_total(a, g, part, tag0 + 1, 0, epoch, &ok);
+  const float inv = rsqrtf(total / static_cast<float>(a.hidden) + a.eps);
+  JAXLL_PHASE(3);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+    if (u < len) {
+      const Unit<W> out = norm_unit<T, W>(hv[k], wv[k], inv);
+      store_unit<T, W>(static_cast<T*>(a.normed), at + u, count, vec, ok ? out : poison_unit<W>());
+    }
   }
   JAXLL_PHASE(4);
   if (slots && threadIdx.x == 0) {
@@ -575,14 +739,60 @@ const void* lean_kernel_for(DType dtype, int nranks, Proto p) {
   }
 }
 
+template <class T, Proto P, int K>
+const void* twoshot_fn(int nranks) {
+  switch (nranks) {
+    case 4: return reinterpret_cast<const void*>(&rmsnorm_twoshot_kernel<T, 4, P, K>);
+    case 8: return reinterpret_cast<const void*>(&rmsnorm_twoshot_kernel<T, 8, P, K>);
+    default: return reinterpret_cast<const void*>(&rmsnorm_twoshot_kernel<T, 0, P, K>);
+  }
+}
+
+template <class T>
+const void* twoshot_fn(int nranks, Proto p, int units) {
+  if (units > 1) {
+    return p == Proto::kSentinel ? twoshot_fn<T, Proto::kSentinel, 2>(nranks)
+                                 : twoshot_fn<T, Proto::kLL, 2>(nranks);
+  }
+  return p == Proto::kSentinel ? twoshot_fn<T, Proto::kSentinel, 1>(nranks)
+                               : twoshot_fn<T, Proto::kLL, 1>(nranks);
+}
+
+// The two-shot kernel for `nranks` ranks on protocol `p` whose threads hold
+// `units` units (1 or kRmsNormTwoShotUnits; see rmsnorm_twoshot_kernel).
+const void* twoshot_kernel_for(DType dtype, int nranks, Proto p, int units) {
+  switch (dtype) {
+    case DType::kF32: return twoshot_fn<float>(nranks, p, units);
+    case DType::kBF16: return twoshot_fn<__nv_bfloat16>(nranks, p, units);
+    case DType::kF16: return twoshot_fn<__half>(nranks, p, units);
+    default: return nullptr;
+  }
+}
+
 }  // namespace
+
+const char* rmsnorm_protocol_name(int code) {
+  static const char* const names[kRmsNormProtocolCount] = {"auto", "ll", "sentinel", "twoshot_ll",
+                                                           "twoshot_sentinel"};
+  return code >= 0 && code < kRmsNormProtocolCount ? names[code] : nullptr;
+}
+
+const char* const kRmsNormRefusal =
+    "the protocol asked for cannot serve this call: sentinel needs rows whose bytes are a "
+    "multiple of 16 and a call the decode-shape kernel moves in one round (a 16-byte unit a "
+    "thread); the two-shot exchanges need one row-wave with at most 2 units a thread and an "
+    "owner's chunk within a scratch region (rows' bytes a multiple of 16 for twoshot_sentinel); "
+    "use protocol auto or LL16";
 
 std::vector<const void*> rmsnorm_kernel_functions() {
   std::vector<const void*> out = {rmsnorm_fn<float>(), rmsnorm_fn<__nv_bfloat16>(),
                                   rmsnorm_fn<__half>()};
   for (DType d : {DType::kF32, DType::kBF16, DType::kF16})
-    for (Proto p : {Proto::kLL, Proto::kSentinel})
+    for (Proto p : {Proto::kLL, Proto::kSentinel}) {
       for (int nr : {0, 2, 4, 8}) out.push_back(lean_kernel_for(d, nr, p));
+      for (int nr : {0, 4, 8})
+        for (int units : {1, kRmsNormTwoShotUnits}) out.push_back(twoshot_kernel_for(d, nr, p, units));
+    }
   return out;
 }
 
@@ -700,12 +910,41 @@ RmsNormPlan sentinel_cut(DType dtype, const RankView& view, int64_t tokens, int6
   return p;
 }
 
+// The two-shot kernel's cut on protocol `proto`, where it can take it (a row's
+// bytes a multiple of the unit, one row-wave, an owner's chunk within a
+// region, at most kRmsNormTwoShotUnits units a thread); else no plan.
+RmsNormPlan twoshot_cut(DType dtype, const RankView& view, int64_t tokens, int64_t hidden,
+                        Proto proto) {
+  const int unit = proto == Proto::kSentinel ? 16 : 8;
+  if ((hidden * dtype_bytes(dtype)) % unit != 0) return RmsNormPlan{};
+  RmsNormPlan p = plan_cut(dtype, view, tokens, hidden, unit);
+  if (p.blocks == 0 || p.waves != 1) return RmsNormPlan{};
+  const int64_t n = view.nranks;
+  const int64_t c = (p.seg_span + n - 1) / n;
+  if (c * unit > view.geo.region_bytes || n * c > int64_t{kRmsNormTwoShotUnits} * p.threads) {
+    return RmsNormPlan{};
+  }
+  p.proto = proto;
+  p.twoshot = true;
+  p.units = n * c > p.threads ? kRmsNormTwoShotUnits : 1;
+  return p;
+}
+
 }  // namespace
 
 RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t tokens,
                                     int64_t hidden, RmsNormProtocol protocol) {
   if (protocol == RmsNormProtocol::kSentinel) return sentinel_cut(dtype, view, tokens, hidden);
+  if (protocol == RmsNormProtocol::kTwoShotLL) return twoshot_cut(dtype, view, tokens, hidden, Proto::kLL);
+  if (protocol == RmsNormProtocol::kTwoShotSentinel) {
+    return twoshot_cut(dtype, view, tokens, hidden, Proto::kSentinel);
+  }
   const int64_t row_bytes = hidden * dtype_bytes(dtype);
+  if (protocol == RmsNormProtocol::kAuto && view.nranks >= kFusedTwoShotFromRanks &&
+      tokens * row_bytes >= kFusedTwoShotFromBytes) {
+    const RmsNormPlan p = twoshot_cut(dtype, view, tokens, hidden, Proto::kSentinel);
+    if (p.blocks > 0) return p;
+  }
   if (protocol == RmsNormProtocol::kAuto &&
       (tokens * row_bytes >= kFusedSentinelFromBytes || row_bytes >= kFusedSentinelFromRowBytes)) {
     const RmsNormPlan p = sentinel_cut(dtype, view, tokens, hidden);
@@ -713,6 +952,12 @@ RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t t
   }
   RmsNormPlan p = plan_cut(dtype, view, tokens, hidden, 8);
   p.lean = lean_plan(p);
+  if (protocol == RmsNormProtocol::kAuto && !p.lean && tokens * row_bytes >= kFusedSentinelFromBytes) {
+    // (beyond the decode-shape cut the general kernel's rounds cost more than
+    // the two-shot kernel's two exchanges)
+    const RmsNormPlan t = twoshot_cut(dtype, view, tokens, hidden, Proto::kSentinel);
+    if (t.blocks > 0) return t;
+  }
   return p;
 }
 
@@ -726,7 +971,7 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
   }
   if (tokens <= 0) return cudaSuccess;
   const RmsNormPlan plan = plan_all_reduce_rmsnorm(dtype, view, tokens, hidden, protocol);
-  if (plan.blocks == 0) return cudaErrorNotSupported;  // (sentinel asked for a cut it cannot take)
+  if (plan.blocks == 0) return cudaErrorNotSupported;  // (a protocol asked for a cut it cannot take)
   RmsNormArgs a{};
   a.base.view = view;
   a.x = x;
@@ -742,7 +987,8 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
   // queries (cluster support and capacity), so ranks on unlike devices could cut
   // a call differently; that must be a reported mismatch, never a wrong row.
   const Algorithm exchange =
-      plan.proto == Proto::kSentinel ? Algorithm::kOneShotSentinel : Algorithm::kOneShotLL;
+      plan.twoshot ? (plan.proto == Proto::kSentinel ? Algorithm::kTwoShotSentinel : Algorithm::kTwoShotLL)
+                   : (plan.proto == Proto::kSentinel ? Algorithm::kOneShotSentinel : Algorithm::kOneShotLL);
   a.base.signature = encode_signature(kRmsNormCollective, static_cast<uint32_t>(exchange),
                                       static_cast<uint32_t>(dtype), rmsnorm_plan_code(plan),
                                       rmsnorm_signature_shape(tokens, hidden));
@@ -754,7 +1000,9 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
   a.base.trigger = plan.pdl ? 1 : 0;
   // (the plan's cluster allowance and the grid bound hold for both kernels:
   // the same launch bounds and static shared memory)
-  const void* run = plan.lean ? lean_kernel_for(dtype, view.nranks, plan.proto) : fn;
+  const void* run = plan.twoshot ? twoshot_kernel_for(dtype, view.nranks, plan.proto, plan.units)
+                    : plan.lean  ? lean_kernel_for(dtype, view.nranks, plan.proto)
+                                 : fn;
   return launch_collective(run, plan.blocks, plan.threads, plan.pdl, &a, stream, plan.cluster);
 }
 

@@ -221,25 +221,23 @@ ffi::Error VirtualAllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::An
   return ffi::Error::Success();
 }
 
-// The fused kernel's exchange from the FFI attribute "protocol" (0 auto, 1
-// LL16, 2 sentinel: RmsNormProtocol's values).
+// The fused kernel's exchange from the FFI attribute "protocol"
+// (RmsNormProtocol's values, rmsnorm_protocol_name's names).
 ffi::Error to_rmsnorm_protocol(int32_t code, RmsNormProtocol* out) {
-  if (code < 0 || code > 2) {
+  if (rmsnorm_protocol_name(code) == nullptr) {
     return ffi::Error::InvalidArgument("jaxll: all_reduce_rmsnorm: unknown protocol code " +
-                                       std::to_string(code) + " (0 auto, 1 LL16, 2 sentinel)");
+                                       std::to_string(code) + " (0 to " +
+                                       std::to_string(kRmsNormProtocolCount - 1) + ")");
   }
   *out = static_cast<RmsNormProtocol>(code);
   return ffi::Error::Success();
 }
 
-// A fused launch's error: the sentinel exchange asked for where it cannot serve
-// is the caller's (InvalidArgument), the rest as launch_error reports them.
+// A fused launch's error: a protocol asked for where it cannot serve is the
+// caller's (InvalidArgument), the rest as launch_error reports them.
 ffi::Error rmsnorm_launch_error(cudaError_t e, Workspace& c, const std::string& what) {
   if (e == cudaErrorNotSupported) {
-    return ffi::Error::InvalidArgument(
-        "jaxll: " + what + ": the sentinel protocol serves only calls whose rows' bytes are a "
-        "multiple of 16 and that the decode-shape kernel moves in one round (a 16-byte unit a "
-        "thread); use protocol auto or LL16");
+    return ffi::Error::InvalidArgument("jaxll: " + what + ": " + kRmsNormRefusal);
   }
   return launch_error(e, c, what);
 }

@@ -38,9 +38,9 @@ Workspace& get_comm(int64_t id) {
   return *c;
 }
 
-// The fused kernel's exchange from its code (0 auto, 1 LL16, 2 sentinel).
+// The fused kernel's exchange from its code (rmsnorm_protocol_name's table).
 RmsNormProtocol rmsnorm_protocol(int code) {
-  if (code < 0 || code > 2) {
+  if (rmsnorm_protocol_name(code) == nullptr) {
     throw std::invalid_argument("all_reduce_rmsnorm: unknown protocol code " + std::to_string(code));
   }
   return static_cast<RmsNormProtocol>(code);
@@ -276,9 +276,7 @@ NB_MODULE(_jaxll, m) {
     d["dtypes"] = as_dict(dtype_codes());
     d["ops"] = as_dict(op_codes());
     nb::dict protocols;  // all_reduce_rmsnorm's exchange (RmsNormProtocol)
-    protocols["auto"] = static_cast<int>(RmsNormProtocol::kAuto);
-    protocols["ll"] = static_cast<int>(RmsNormProtocol::kLL);
-    protocols["sentinel"] = static_cast<int>(RmsNormProtocol::kSentinel);
+    for (int code = 0; code < kRmsNormProtocolCount; ++code) protocols[rmsnorm_protocol_name(code)] = code;
     d["rmsnorm_protocols"] = protocols;
     return d;
   }, "The codes of algorithms, element types, ops and the fused kernel's protocols, by name "
@@ -302,6 +300,8 @@ NB_MODULE(_jaxll, m) {
     d["slots"] = p.slots;
     d["lean"] = p.lean;
     d["protocol"] = p.proto == Proto::kSentinel ? "sentinel" : "ll";
+    d["twoshot"] = p.twoshot;
+    d["units"] = p.units;
     return d;
   }, "id"_a, "dtype"_a, "tokens"_a, "hidden"_a, "protocol"_a,
         "How this process's first rank of the workspace would cut a fused all_reduce_rmsnorm "

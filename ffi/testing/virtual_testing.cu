@@ -453,13 +453,11 @@ std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>&
   return std::vector<int64_t>(host.begin(), host.end());
 }
 
-// A fused launch's error as an exception; the sentinel protocol asked for where
-// it cannot serve is named.
+// A fused launch's error as an exception; a protocol asked for where it cannot
+// serve is the caller's (kRmsNormRefusal).
 void check_rmsnorm_launch(cudaError_t e) {
   if (e == cudaErrorNotSupported) {
-    throw std::invalid_argument(
-        "all_reduce_rmsnorm: the sentinel protocol serves only rows whose bytes are a multiple "
-        "of 16, moved by the decode-shape kernel in one round (a 16-byte unit a thread)");
+    throw std::invalid_argument(std::string("all_reduce_rmsnorm: ") + kRmsNormRefusal);
   }
   check_cuda(e, "launching an all_reduce_rmsnorm");
 }

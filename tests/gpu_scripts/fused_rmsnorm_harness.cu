@@ -11,7 +11,8 @@
 // points (entry, epochs reserved, row reduced, row's sum of squares known, norm
 // written, end); medians of the intervals over blocks, ranks and 200 calls (each
 // synchronized, so the "reduced" interval includes the ranks' launch skew).
-// HARNESS_SHAPES="16x8192,8x8192" sets its shapes (default six decode shapes).
+// HARNESS_SHAPES="16x8192,8x8192" sets its shapes (default six decode shapes);
+// HARNESS_PROTOCOL=k runs every call of any mode on RmsNormProtocol k.
 // JAXLL_FUSED_PLAN="S:C:R" (phases builds only) forces every call's cut: S
 // segments a row, clusters of C blocks (1: the header's slots), R rows at once;
 // the plan and its cluster allowance go to stderr. A cut of more blocks than the
@@ -214,9 +215,15 @@ static float load_dt(DType dt, const void* buf, size_t i) {
 // The library's plan of a call (plan_all_reduce_rmsnorm): its segments and
 // blocks, and how far the call moves the header's norm tag (its row-waves where
 // the partial sums go through the tagged slots, else 0).
+// HARNESS_PROTOCOL=k: every call on RmsNormProtocol k (default 0, auto).
+static RmsNormProtocol harness_protocol() {
+  const char* e = std::getenv("HARNESS_PROTOCOL");
+  return static_cast<RmsNormProtocol>(e ? std::atoi(e) : 0);
+}
+
 static int64_t plan_waves(const RankView& view, int64_t tokens, int64_t hidden, DType dt,
                           int64_t* segs_out, int64_t* blocks_out) {
-  const RmsNormPlan p = plan_all_reduce_rmsnorm(dt, view, tokens, hidden);
+  const RmsNormPlan p = plan_all_reduce_rmsnorm(dt, view, tokens, hidden, harness_protocol());
   *segs_out = p.segments;
   *blocks_out = p.blocks;
   return p.slots ? p.waves : 0;
@@ -264,7 +271,7 @@ static void launch_call(Group& G, Call& c, int skip_rank = -1) {
     if (r == skip_rank) continue;
     CK(launch_all_reduce_rmsnorm(c.dt, G.r[r].view, c.dx + r * c.block_bytes, c.dres, c.dw,
                                  c.dnormed + r * c.block_bytes, c.dnew + r * c.block_bytes,
-                                 c.tokens, c.hidden, c.eps, G.r[r].s));
+                                 c.tokens, c.hidden, c.eps, G.r[r].s, harness_protocol()));
   }
 }
 
@@ -580,7 +587,7 @@ int main(int argc, char** argv) {
         };
         printf("phases n=%d %ld x %ld bf16 (segments %ld, blocks %ld, cluster %d), us:", n,
                (long)c.tokens, (long)c.hidden, (long)S, (long)B,
-               plan_all_reduce_rmsnorm(c.dt, G.r[0].view, c.tokens, c.hidden).cluster);
+               plan_all_reduce_rmsnorm(c.dt, G.r[0].view, c.tokens, c.hidden, harness_protocol()).cluster);
         for (int p = 0; p < 5; ++p) printf(" %s %.2f;", names[p], med(iv[p]));
         printf(" kernel span %.2f\n", med(span));
         total_bad += check_errors(G, "phases") + check_call(G, c, "phases");
