@@ -38,7 +38,8 @@ SHAPES = [(1, 4096), (8, 4096), (1, 8192), (8, 8192), (32, 8192)]
 
 
 # the fused variants (all_reduce_rmsnorm's algorithm names) and their protocols
-PROTOCOLS = {"fused": "auto", "fused_ll": "ll", "fused_sentinel": "sentinel"}
+PROTOCOLS = {"fused": "auto", "fused_ll": "ll", "fused_sentinel": "sentinel",
+             "fused_twoshot_ll": "twoshot_ll", "fused_twoshot_sentinel": "twoshot_sentinel"}
 
 
 def parse_fused(text: str) -> list[str]:
@@ -50,14 +51,15 @@ def parse_fused(text: str) -> list[str]:
   return names
 
 
-def sentinel_serves(n: int, tokens: int, hidden: int, protocol: str) -> bool:
+def protocol_serves(n: int, tokens: int, hidden: int, protocol: str) -> bool:
   """Whether the virtual fused call can run this protocol for the shape (bf16):
-  only sentinel has shapes it refuses (asked of the kernel's own plan)."""
-  if protocol != "sentinel":
+  auto and LL16 serve every shape; sentinel and the two-shot exchanges refuse
+  some (asked of the kernel by one untimed call, which raises ValueError)."""
+  if protocol in ("auto", "ll"):
     return True
   from jaxll import testing
   try:
-    testing.rmsnorm_kernel_time_us(n, tokens, hidden, iters=1, reps=1, protocol="sentinel")
+    testing.rmsnorm_kernel_time_us(n, tokens, hidden, iters=1, reps=1, protocol=protocol)
   except ValueError:
     return False
   return True
@@ -232,7 +234,7 @@ def virtual_rows(opts) -> list[dict]:
       steps = [("composed", composed)] + [
           (v, functools.partial(fused_step, protocol=PROTOCOLS[v])) for v in opts.fused]
       for name, step in steps:
-        if name != "composed" and not sentinel_serves(n, tokens, hidden, PROTOCOLS[name]):
+        if name != "composed" and not protocol_serves(n, tokens, hidden, PROTOCOLS[name]):
           row[f"{name}_us"] = row[f"{name}_kernel_us"] = None
           continue
         def chain(x, r, w, step=step):
@@ -292,7 +294,8 @@ def main() -> None:
                       "own choice; --virtual: the kernel its auto table names)")
   p.add_argument("--fused", type=parse_fused, default=["fused"],
                  help="fused variants to time against the composition, comma-separated: "
-                      "fused (the kernel's protocol choice), fused_ll, fused_sentinel")
+                      "fused (the kernel's protocol choice), fused_ll, fused_sentinel, "
+                      "fused_twoshot_ll, fused_twoshot_sentinel")
   p.add_argument("--no-command-buffer", action="store_true",
                  help="--virtual: keep the virtual calls out of XLA's command buffers")
   opts = p.parse_args()

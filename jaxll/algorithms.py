@@ -30,7 +30,7 @@ _OPS = ("sum", "max", "min")
 _DTYPES = ("float32", "bfloat16", "float16", "int32")
 _WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
 # the fused all_reduce_rmsnorm kernel's exchange (auto: the kernel chooses)
-_RMSNORM_PROTOCOLS = ("auto", "ll", "sentinel")
+_RMSNORM_PROTOCOLS = ("auto", "ll", "sentinel", "twoshot_ll", "twoshot_sentinel")
 _KERNEL_NAMES = (ONESHOT_LL, ONESHOT_SENTINEL, TWOSHOT_LL, TWOSHOT_SENTINEL,
                  TWOSHOT_LL128_ATOMIC, ONESHOT_BARRIER, TWOSHOT_BARRIER)
 
@@ -60,7 +60,8 @@ _NATIVE = _codes()
 OP_CODES: dict[str, int] = dict(_NATIVE["ops"])
 DTYPE_CODES: dict[str, int] = dict(_NATIVE["dtypes"])
 _ALGORITHM_CODES: dict[str, int] = dict(_NATIVE["algorithms"])
-#: The fused kernel's protocol codes, by name ("auto", "ll", "sentinel").
+#: The fused kernel's protocol codes, by name ("auto", "ll", "sentinel",
+#: "twoshot_ll", "twoshot_sentinel").
 RMSNORM_PROTOCOL_CODES: dict[str, int] = dict(_NATIVE["rmsnorm_protocols"])
 
 

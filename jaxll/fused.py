@@ -2,15 +2,20 @@
 followed by the residual add and the RMSNorm of the next layer's input, the
 pattern of every tensor-parallel decoder block.
 
-``algorithm="fused"`` asks for the single kernel that does all three on the
-one-shot path (``ffi/kernels/all_reduce_rmsnorm.cu``), its exchange LL16 or,
-for calls of 64 KiB and more (or rows of 32 KiB and more) that its decode-shape
-cut serves, the sentinel protocol (``"fused_ll"`` / ``"fused_sentinel"`` name one); ``algorithm="auto"``
+``algorithm="fused"`` asks for the single kernel that does all three
+(``ffi/kernels/all_reduce_rmsnorm.cu``), on the one-shot path with its exchange
+LL16 or, for calls of 64 KiB and more (or rows of 32 KiB and more) that its
+decode-shape cut serves, the sentinel protocol; or on the two-shot path
+(reduce-scatter, then all-gather of the sums, on sentinel) in groups of 8 from
+256 KiB and for calls of 64 KiB and more that no decode-shape cut serves
+(``"fused_ll"`` / ``"fused_sentinel"`` / ``"fused_twoshot_ll"`` /
+``"fused_twoshot_sentinel"`` name one); ``algorithm="auto"``
 (the default) takes it where it was measured faster: at most
-``FUSED_AUTO_MAX_BYTES`` (128 KiB) of ``x`` per rank, and where the kernel runs
+``FUSED_AUTO_MAX_BYTES`` (128 KiB) of ``x`` per rank, where the kernel runs
 on the sentinel exchange up to ``FUSED_SENTINEL_AUTO_MAX_BYTES`` (512 KiB in
-groups of 2, 256 KiB in groups of 4): a decode step's few tokens (1-8 tokens at
-hidden 8192 in bfloat16, 16 in groups of 4, 32 in groups of 2;
+groups of 2, 256 KiB in groups of 4), and where it runs two-shot up to
+``FUSED_TWOSHOT_AUTO_MAX_BYTES`` (256 KiB in groups of 8): a decode step's few
+tokens (1-16 tokens at hidden 8192 in bfloat16, 32 in groups of 2;
 ``benchmarks/README.md``, "Fused all-reduce + RMSNorm"), unless jaxll.all_reduce's auto would leave that
 all-reduce to XLA (a group of one device, ``JAXLL_AUTO_MAX_BYTES``). Otherwise, or with a jaxll.all_reduce algorithm
 named, it is the composition of :func:`jaxll.all_reduce` (its kernels, its
@@ -37,8 +42,13 @@ FUSED = "fused"
 # (LL16, or sentinel for the calls where it measured faster).
 FUSED_LL = "fused_ll"
 FUSED_SENTINEL = "fused_sentinel"
-_FUSED_NAMES = (FUSED, FUSED_LL, FUSED_SENTINEL)
-_PROTOCOL_OF = {FUSED_LL: "ll", FUSED_SENTINEL: "sentinel"}
+# ... and the two-shot kernel (reduce-scatter, all-gather of the sums) with its
+# exchange named.
+FUSED_TWOSHOT_LL = "fused_twoshot_ll"
+FUSED_TWOSHOT_SENTINEL = "fused_twoshot_sentinel"
+_FUSED_NAMES = (FUSED, FUSED_LL, FUSED_SENTINEL, FUSED_TWOSHOT_LL, FUSED_TWOSHOT_SENTINEL)
+_PROTOCOL_OF = {FUSED_LL: "ll", FUSED_SENTINEL: "sentinel", FUSED_TWOSHOT_LL: "twoshot_ll",
+                FUSED_TWOSHOT_SENTINEL: "twoshot_sentinel"}
 # (the primitive's `requested` for a call that must take the composition: auto
 # under vmap with more rows than FUSED_AUTO_MAX_BYTES)
 COMPOSED = "composed"
@@ -59,16 +69,30 @@ FUSED_AUTO_MAX_BYTES = 128 * 1024
 FUSED_SENTINEL_AUTO_MAX_BYTES: dict[int, int] = {2: 512 * 1024, 4: 256 * 1024}
 
 
-def fused_auto_max_bytes(group_size: int, sentinel: bool) -> int:
+# ... and for the group sizes listed, up to this many where the kernel takes
+# its two-shot cut (its own choice in groups of 8 from 256 KiB). Measured on
+# one H200, bfloat16, hidden 8192, against the composition with
+# jaxll.all_reduce's auto (two-shot) all-reduce (benchmarks/README.md,
+# "Session 12"): at 16 tokens 1.17-1.19x with 8 processes (two runs),
+# 1.10-1.37x on 8 virtual ranks (two runs); at 32 tokens 1.06-1.09x on
+# virtual ranks and not served with 8 processes (so not listed).
+FUSED_TWOSHOT_AUTO_MAX_BYTES: dict[int, int] = {8: 256 * 1024}
+
+
+def fused_auto_max_bytes(group_size: int, sentinel: bool, twoshot: bool = False) -> int:
   """The most bytes of x per rank for which algorithm="auto" takes the fused
-  kernel in a group of `group_size`, on the sentinel exchange or not."""
+  kernel in a group of `group_size`, on the sentinel exchange or not, one-shot
+  or two-shot."""
+  if twoshot:
+    return max(FUSED_AUTO_MAX_BYTES, FUSED_TWOSHOT_AUTO_MAX_BYTES.get(group_size, 0))
   if sentinel:
     return max(FUSED_AUTO_MAX_BYTES, FUSED_SENTINEL_AUTO_MAX_BYTES.get(group_size, 0))
   return FUSED_AUTO_MAX_BYTES
 
 # (no group's auto limit is higher: beyond it, auto is the composition at once;
 # computed at import, as the limits are constants)
-_AUTO_CEILING = max([FUSED_AUTO_MAX_BYTES, *FUSED_SENTINEL_AUTO_MAX_BYTES.values()])
+_AUTO_CEILING = max([FUSED_AUTO_MAX_BYTES, *FUSED_SENTINEL_AUTO_MAX_BYTES.values(),
+                     *FUSED_TWOSHOT_AUTO_MAX_BYTES.values()])
 
 _FLOATS = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
 
@@ -97,17 +121,23 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
     eps: added to the mean square before the reciprocal square root.
     algorithm: ``"auto"``: the fused kernel for at most
       ``FUSED_AUTO_MAX_BYTES`` of ``x`` per rank (more where it runs on the
-      sentinel exchange in a group that ``FUSED_SENTINEL_AUTO_MAX_BYTES``
+      sentinel exchange or two-shot in a group that
+      ``FUSED_SENTINEL_AUTO_MAX_BYTES`` or ``FUSED_TWOSHOT_AUTO_MAX_BYTES``
       lists), else the composition with jaxll.all_reduce's auto choice; ``"fused"``: one kernel for all three
       steps where a jaxll workspace serves the axes (float32/bfloat16/float16,
       the hidden size's bytes a multiple of 8), else the composition;
       ``"fused_ll"`` / ``"fused_sentinel"``: that kernel with its exchange
       named (LL16 packets, or the sentinel protocol's direct stores; ``"fused"``
-      and auto let the kernel choose, sentinel where it measured faster), else
-      as ``"fused"``; sentinel serves only calls whose rows' bytes are a
-      multiple of 16 and that its decode-shape kernel moves in one round (a
-      16-byte unit a thread, e.g. up to 16 tokens at hidden 8192 bf16 with 8
-      ranks on one H200), and where a workspace serves the axes but sentinel
+      and auto let the kernel choose, sentinel and two-shot where they
+      measured faster), else as ``"fused"``; sentinel serves only calls whose
+      rows' bytes are a multiple of 16 and that its decode-shape kernel moves
+      in one round (a 16-byte unit a thread, e.g. up to 16 tokens at hidden
+      8192 bf16 with 8 ranks on one H200); ``"fused_twoshot_ll"`` /
+      ``"fused_twoshot_sentinel"``: the two-shot kernel (each rank reduces
+      1/N of every row segment and sends the sums to all; every rank adds its
+      own residual), for calls of one row-wave of its cut with at most 2
+      units a thread (e.g. up to 32 tokens at hidden 8192 bf16 with 8 ranks,
+      sentinel); where a workspace serves the axes but the named exchange
       cannot serve the call, lowering raises ValueError; any other
       jaxll.all_reduce algorithm: the composition with that all-reduce. The
       kernel's cut (and so its exchange, and auto's choice above
@@ -238,6 +268,18 @@ def _kernel_plan(ws: int, dtype: np.dtype, tokens: int, hidden: int, protocol: i
   return ext.rmsnorm_plan(ws, algorithms.DTYPE_CODES[dtype.name], tokens, hidden, protocol)
 
 
+# why the named exchanges refuse a call (the kernel's plan has no blocks)
+_REFUSAL = {
+    "sentinel": "a row's bytes must be a multiple of 16, and the call must fit the "
+                "decode-shape kernel's one round, a 16-byte unit a thread",
+    "twoshot_ll": "the call must fit one row-wave of the kernel's cut, at most 2 units a "
+                  "thread, an owner's chunk within a scratch region",
+    "twoshot_sentinel": "a row's bytes must be a multiple of 16, and the call must fit one "
+                        "row-wave of the kernel's cut, at most 2 units a thread, an owner's "
+                        "chunk within a scratch region",
+}
+
+
 def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
   aval = ctx.avals_in[0]
   if requested == COMPOSED:  # (its all-reduce records the call site)
@@ -267,31 +309,34 @@ def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
     tokens = int(aval.size) // hidden
     plan = _kernel_plan(ws, np.dtype(aval.dtype), tokens, hidden, code)
     nbytes = int(aval.size) * np.dtype(aval.dtype).itemsize
-    limit = fused_auto_max_bytes(group_size, plan["protocol"] == "sentinel")
+    twoshot = bool(plan.get("twoshot"))
+    limit = fused_auto_max_bytes(group_size, plan["protocol"] == "sentinel", twoshot)
+    exchange = f"{'two-shot' if twoshot else 'one-shot'} {plan['protocol']}"
     if requested == "auto" and nbytes > limit:
       ws, reason = 0, (f"auto: {nbytes} B per rank, above the fused kernel's auto limit "
-                       f"{limit} for N={group_size} on its {plan['protocol']} exchange "
-                       f"(FUSED_AUTO_MAX_BYTES, FUSED_SENTINEL_AUTO_MAX_BYTES)")
+                       f"{limit} for N={group_size} on its {exchange} exchange "
+                       f"(FUSED_AUTO_MAX_BYTES, FUSED_SENTINEL_AUTO_MAX_BYTES, "
+                       f"FUSED_TWOSHOT_AUTO_MAX_BYTES)")
   if ws:
     if not plan["blocks"]:
       raise ValueError(
-          f"jaxll.all_reduce_rmsnorm(algorithm={requested!r}): the sentinel exchange cannot "
-          f"serve {tuple(aval.shape)} {np.dtype(aval.dtype)} on this workspace (a row's bytes "
-          f"must be a multiple of 16, and the call must fit the decode-shape kernel's one "
-          f"round, a 16-byte unit a thread); use 'fused' or 'fused_ll'")
+          f"jaxll.all_reduce_rmsnorm(algorithm={requested!r}): that exchange cannot "
+          f"serve {tuple(aval.shape)} {np.dtype(aval.dtype)} on this workspace ({_REFUSAL[protocol]}); "
+          f"use 'fused' or 'fused_ll'")
     results = lowering.emit_ordered_call(ctx, "jaxll_all_reduce_rmsnorm",
                                          [x, residual, weight], workspace=ws,
                                          eps=np.float32(eps), protocol=np.int32(code))
-    algorithm = f"fused_oneshot_{plan['protocol']}"
+    algorithm = f"fused_{'twoshot' if twoshot else 'oneshot'}_{plan['protocol']}"
     limit_name, limit = (("FUSED_AUTO_MAX_BYTES", FUSED_AUTO_MAX_BYTES)
                          if nbytes <= FUSED_AUTO_MAX_BYTES else
-                         (f"FUSED_SENTINEL_AUTO_MAX_BYTES[{group_size}]", limit))
+                         (f"FUSED_{'TWOSHOT' if twoshot else 'SENTINEL'}_AUTO_MAX_BYTES"
+                          f"[{group_size}]", limit))
     reason = (
         f"algorithm={requested!r} requested" if requested in _FUSED_NAMES else
         f"auto: {nbytes} B per rank, at most {limit_name} = {limit} (measured faster than "
         f"the composition)")
     if protocol == "auto":
-      reason += f"; {plan['protocol']} exchange (the kernel's choice)"
+      reason += f"; {exchange} exchange (the kernel's choice)"
   else:
     results = _composed_lowering(ctx, x, residual, weight, axes=axes, eps=eps,
                                  requested=requested, site=site)

@@ -118,8 +118,9 @@ def virtual_fused_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None
   Returns ``(normed, new_residual)``, each of x's shape: rank r's outputs in row
   r (bitwise equal across rows where the residual rows are equal).
   ``command_buffer`` as for :func:`virtual_all_reduce`; ``protocol``: the
-  kernel's exchange, ``"auto"`` (the kernel's choice), ``"ll"`` or
-  ``"sentinel"`` (a call sentinel cannot serve fails when it runs)."""
+  kernel's exchange, ``"auto"`` (the kernel's choice), ``"ll"``,
+  ``"sentinel"``, ``"twoshot_ll"`` or ``"twoshot_sentinel"`` (a call the named
+  exchange cannot serve fails when it runs)."""
   code = _protocol_code(protocol)
   x, residual, weight = (jax.numpy.asarray(a) for a in (x, residual, weight))
   if x.ndim < 2:
@@ -157,7 +158,8 @@ def virtual_all_reduce_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device
   ``delay_us`` microseconds (it must still find room on the GPU).
 
   ``protocol``: the kernel's exchange, ``"auto"`` (the kernel's choice),
-  ``"ll"`` or ``"sentinel"`` (ValueError where sentinel cannot serve)."""
+  ``"ll"``, ``"sentinel"``, ``"twoshot_ll"`` or ``"twoshot_sentinel"``
+  (ValueError where the named exchange cannot serve)."""
   code = _protocol_code(protocol)
   x = np.asarray(x)
   dtype = np.dtype(x.dtype)

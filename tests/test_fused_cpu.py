@@ -146,17 +146,20 @@ def test_fused_request_falls_back_to_the_composition_on_cpu(mesh):
 
 def _cuda_text(mesh, monkeypatch, hidden, body=None, sentinel_serves=True):
   """Lowered for CUDA (no GPU needed) with the workspace lookup forced to 7
-  (and the kernel's plan: LL16 for protocol auto and ll, sentinel where asked
-  for if `sentinel_serves`, else no plan)."""
+  (and the kernel's plan: LL16 for protocol auto and ll; sentinel and the
+  two-shot exchanges where asked for if `sentinel_serves`, else no plan)."""
   from jaxll import algorithms, lowering
   from jaxll import fused as fused_mod
-  sentinel = algorithms.RMSNORM_PROTOCOL_CODES["sentinel"]
+  codes = algorithms.RMSNORM_PROTOCOL_CODES
+  named = {codes["sentinel"]: ("sentinel", False), codes["twoshot_ll"]: ("ll", True),
+           codes["twoshot_sentinel"]: ("sentinel", True)}
 
   def plan(ws, dtype, tokens, hidden, protocol):
     assert ws == 7 and tokens * hidden > 0
-    if protocol != sentinel:
-      return {"blocks": 4, "protocol": "ll"}
-    return {"blocks": 4 if sentinel_serves else 0, "protocol": "sentinel"}
+    if protocol not in named:
+      return {"blocks": 4, "protocol": "ll", "twoshot": False}
+    exchange, twoshot = named[protocol]
+    return {"blocks": 4 if sentinel_serves else 0, "protocol": exchange, "twoshot": twoshot}
 
   monkeypatch.setattr(fused_mod, "_kernel_plan", plan)
   monkeypatch.setattr(lowering, "workspace_for", lambda ctx, axes: (7, 8, ""))
@@ -191,11 +194,14 @@ def test_fused_request_lowers_to_the_kernel_in_the_order_chain(mesh, monkeypatch
   assert sites[-1].reason.endswith("ll exchange (the kernel's choice)"), sites[-1].reason
 
 
-@pytest.mark.parametrize("algorithm,code,path", [("fused_ll", 1, "fused_oneshot_ll"),
-                                                 ("fused_sentinel", 2, "fused_oneshot_sentinel")])
+@pytest.mark.parametrize("algorithm,code,path", [
+    ("fused_ll", 1, "fused_oneshot_ll"), ("fused_sentinel", 2, "fused_oneshot_sentinel"),
+    ("fused_twoshot_ll", 3, "fused_twoshot_ll"),
+    ("fused_twoshot_sentinel", 4, "fused_twoshot_sentinel")])
 def test_named_protocols_reach_the_kernel(mesh, monkeypatch, algorithm, code, path):
   from jaxll import algorithms
-  assert algorithms.RMSNORM_PROTOCOL_CODES == {"auto": 0, "ll": 1, "sentinel": 2}
+  assert algorithms.RMSNORM_PROTOCOL_CODES == {"auto": 0, "ll": 1, "sentinel": 2,
+                                               "twoshot_ll": 3, "twoshot_sentinel": 4}
 
   def body(x, r, w):
     return jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm=algorithm)
@@ -207,13 +213,19 @@ def test_named_protocols_reach_the_kernel(mesh, monkeypatch, algorithm, code, pa
   assert site.reason == f"algorithm={algorithm!r} requested"
 
 
-def test_sentinel_request_it_cannot_serve_is_refused_at_lowering(mesh, monkeypatch):
-  body = lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm="fused_sentinel")
-  with pytest.raises(ValueError, match="the sentinel exchange cannot serve"):
+@pytest.mark.parametrize("algorithm,why", [
+    ("fused_sentinel", "a 16-byte unit a thread"),
+    ("fused_twoshot_ll", "at most 2 units a thread"),
+    ("fused_twoshot_sentinel", "a row's bytes must be a multiple of 16, and the call must fit one row-wave")])
+def test_named_request_it_cannot_serve_is_refused_at_lowering(mesh, monkeypatch, algorithm, why):
+  body = lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm=algorithm)
+  with pytest.raises(ValueError, match="that exchange cannot serve") as e:
     _cuda_text(mesh, monkeypatch, hidden=64, body=body, sentinel_serves=False)
+  assert why in str(e.value) and algorithm in str(e.value)
 
 
-@pytest.mark.parametrize("algorithm", ["fused_ll", "fused_sentinel"])
+@pytest.mark.parametrize("algorithm", ["fused_ll", "fused_sentinel", "fused_twoshot_ll",
+                                       "fused_twoshot_sentinel"])
 def test_named_protocols_take_the_composition_on_cpu(mesh, algorithm):
   args = _put(mesh, *_inputs(jnp.bfloat16, seed=6))
   got = _shard(mesh, lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm=algorithm),
@@ -269,6 +281,9 @@ def test_fused_benchmark_shapes_option():
     with pytest.raises(argparse.ArgumentTypeError):
       bench.parse_shapes(bad)
   assert bench.parse_fused("fused_ll,fused_sentinel") == ["fused_ll", "fused_sentinel"]
+  assert bench.parse_fused("fused_twoshot_sentinel,fused_twoshot_ll") == [
+      "fused_twoshot_sentinel", "fused_twoshot_ll"]
+  assert bench.PROTOCOLS["fused_twoshot_sentinel"] == "twoshot_sentinel"
   for bad in ("", "fused_ll128", "fused,ll"):
     with pytest.raises(argparse.ArgumentTypeError):
       bench.parse_fused(bad)
@@ -320,6 +335,38 @@ def test_auto_takes_the_sentinel_kernel_up_to_its_own_limit(mesh, monkeypatch, g
   else:
     assert "jaxll_all_reduce_rmsnorm" not in text
     assert site.algorithm == "xla+composed" and "auto limit 131072 for N=8" in site.reason
+
+
+@pytest.mark.parametrize("group,hidden,fused", [(8, 12288, True), (8, 32768, False),
+                                                (4, 12288, False)])
+def test_auto_takes_the_two_shot_kernel_up_to_its_own_limit(mesh, monkeypatch, group, hidden,
+                                                            fused):
+  # per rank 3 x 12288 float32 = 144 KiB, within FUSED_TWOSHOT_AUTO_MAX_BYTES[8];
+  # 3 x 32768 = 384 KiB, above it; a group of 4 has no two-shot limit (the
+  # one-shot one of 128 KiB holds): the kernel only where the plan is two-shot
+  from jaxll import fused as fused_mod
+  from jaxll import lowering
+  limit = fused_mod.FUSED_TWOSHOT_AUTO_MAX_BYTES[8]
+  assert fused_mod.FUSED_AUTO_MAX_BYTES < 3 * 12288 * 4 <= limit < 3 * 32768 * 4
+  assert 4 not in fused_mod.FUSED_TWOSHOT_AUTO_MAX_BYTES
+  assert fused_mod.fused_auto_max_bytes(8, True, True) == limit
+  assert fused_mod.fused_auto_max_bytes(8, True) == fused_mod.FUSED_AUTO_MAX_BYTES
+  monkeypatch.setattr(fused_mod, "_kernel_plan",
+                      lambda *a: {"blocks": 4, "protocol": "sentinel", "twoshot": True})
+  monkeypatch.setattr(lowering, "workspace_for", lambda ctx, axes: (7, group, ""))
+  body = lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp")
+  x, residual, weight = _inputs(np.float32, hidden=hidden)
+  text = _shard(mesh, body, True).trace(*_put(mesh, x, residual, weight)).lower(
+      lowering_platforms=("cuda",)).as_text()
+  site = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"][-1]
+  if fused:
+    assert text.count("@jaxll_all_reduce_rmsnorm(") == 1 and "protocol = 0 : i32" in text
+    assert (site.requested, site.algorithm) == ("auto", "fused_twoshot_sentinel")
+    assert "at most FUSED_TWOSHOT_AUTO_MAX_BYTES[8]" in site.reason, site.reason
+    assert site.reason.endswith("two-shot sentinel exchange (the kernel's choice)"), site.reason
+  else:
+    assert "jaxll_all_reduce_rmsnorm" not in text
+    assert site.algorithm == "xla+composed" and "two-shot sentinel exchange" in site.reason
 
 
 def _vmapped(case, f):

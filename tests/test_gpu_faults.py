@@ -100,7 +100,9 @@ def test_late_rank_behind_a_second_kernel_is_not_starved(n, kernels):
 
 @pytest.mark.parametrize("n,tokens,hidden,protocol", [
     (2, 1, 8192, "auto"), (4, 8, 4096, "auto"), (8, 3, 5120, "auto"), (3, 40, 1024, "auto"),
-    (2, 16, 8192, "sentinel"), (4, 8, 4096, "sentinel"), (8, 3, 5120, "sentinel")])
+    (2, 16, 8192, "sentinel"), (4, 8, 4096, "sentinel"), (8, 3, 5120, "sentinel"),
+    (8, 16, 8192, "twoshot_sentinel"), (8, 32, 8192, "twoshot_sentinel"),
+    (4, 8, 4096, "twoshot_ll")])
 def test_fused_call_with_an_absent_rank_is_poisoned_then_recovers(n, tokens, hidden, protocol):
   """A rank that never makes its fused all_reduce_rmsnorm call: the others give
   up after the timeout with both outputs wholly poisoned, the next call (the
@@ -108,7 +110,8 @@ def test_fused_call_with_an_absent_rank_is_poisoned_then_recovers(n, tokens, hid
   workspace gives the right result. Rows split over blocks (clusters on
   Hopper, whose blocks must still meet at every row's exchange) and whole-row
   blocks are both covered; on the sentinel exchange, the reset also refills
-  the scratch the absent rank's peers left written."""
+  the scratch the absent rank's peers left written; the two-shot kernel's
+  owners wait in both phases."""
   rng = np.random.default_rng(tokens * hidden)
   x = rng.standard_normal((n, tokens, hidden)).astype(jnp.bfloat16)
   residual = rng.standard_normal((tokens, hidden)).astype(jnp.bfloat16)

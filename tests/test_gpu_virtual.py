@@ -524,21 +524,133 @@ def test_fused_sentinel_between_sentinel_all_reduces_and_all_ones_inputs():
   jaxll.check_errors()
 
 
+# The two-shot fused kernel (protocol="twoshot_sentinel" / "twoshot_ll"): shapes
+# of one row-wave. 32 x 8192 bf16 at 8 ranks is a whole row a block, 2 units a
+# thread (where a rank's grid bound holds 32 blocks: 128 SMs or more).
+_TWOSHOT_SHAPES = [(1, 4096, jnp.bfloat16), (7, 128, np.float32), (3, 5120, np.float32),
+                   (16, 8192, jnp.bfloat16), (8, 8192, np.float16), (5, 12, np.float32),
+                   (32, 8192, jnp.bfloat16)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("tokens,hidden,dtype", _TWOSHOT_SHAPES)
+@pytest.mark.parametrize("protocol", ["twoshot_sentinel", "twoshot_ll"])
+def test_fused_rmsnorm_two_shot(n, tokens, hidden, dtype, protocol):
+  if tokens >= 16 and jax.devices("cuda")[0].core_count < 128:
+    pytest.skip("16 and 32 rows of 8192 are one row-wave only with 128 SMs or more")
+  rng = np.random.default_rng(n * tokens + hidden + 2)
+  x = rng.standard_normal((n, tokens, hidden)).astype(dtype)
+  residual = rng.standard_normal((tokens, hidden)).astype(dtype)
+  weight = (1 + 0.1 * rng.standard_normal(hidden)).astype(dtype)
+  if (tokens, protocol) == (32, "twoshot_ll") and n > 1:
+    # (2048 LL16 units a row: a whole row a block is beyond 2 units a thread,
+    # and this rank's grid bound holds too few blocks for 2 segments a row)
+    try:
+      jt.virtual_all_reduce_rmsnorm(x, residual, weight, protocol=protocol)
+    except ValueError as e:
+      assert "cannot serve this call" in str(e)
+      return
+  bits = np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
+  tol = {2: 1.6e-2 if dtype == jnp.bfloat16 else 2e-3, 4: 2e-6}[np.dtype(dtype).itemsize]
+  # four calls with other inputs each (the later ones reuse slots an earlier
+  # one read), the one-shot sentinel and LL16 kernels between them
+  for k, proto in enumerate((protocol, "ll", protocol, "sentinel", protocol)):
+    if proto == "sentinel" and (np.dtype(dtype).itemsize * hidden % 16 or tokens > 16):
+      continue
+    xk = (x.astype(np.float32) + k).astype(dtype)
+    want_normed, want_new = _rmsnorm_reference(xk, residual, weight, 1e-5)
+    normed, new = jt.virtual_all_reduce_rmsnorm(xk, residual, weight, eps=1e-5, protocol=proto)
+    for r in range(n):
+      np.testing.assert_array_equal(new[r].view(bits), want_new.view(bits))
+      np.testing.assert_array_equal(normed[r].view(bits), normed[0].view(bits))
+    np.testing.assert_allclose(normed[0].astype(np.float64), want_normed.astype(np.float64),
+                               rtol=2 * tol, atol=2 * tol)
+  jaxll.check_errors()
+
+
+@pytest.mark.parametrize("protocol", ["twoshot_sentinel", "twoshot_ll"])
+def test_fused_two_shot_adds_each_ranks_own_residual(protocol):
+  # the owner of a chunk sends the sum, not sum + its residual: with residuals
+  # that differ across ranks, rank r's new_residual is the sum plus its own
+  # (what the one-shot kernel and the composition give); jitted, 3 calls
+  n, tokens, hidden = 8, 4, 8192
+  rng = np.random.default_rng(21)
+  x = rng.standard_normal((n, tokens, hidden)).astype(jnp.bfloat16)
+  res = rng.standard_normal((n, tokens, hidden)).astype(jnp.bfloat16)
+  w = (1 + 0.1 * rng.standard_normal(hidden)).astype(jnp.bfloat16)
+  f = jax.jit(lambda a, b, c: jt.virtual_fused_rmsnorm(a, b, c, eps=1e-5, protocol=protocol))
+  for k in range(3):
+    xk = (x.astype(np.float32) * (k + 1)).astype(jnp.bfloat16)
+    normed, new = (np.asarray(v) for v in f(xk, res, w))
+    for r in range(n):
+      want_normed, want_new = _rmsnorm_reference(xk, res[r], w, 1e-5)
+      np.testing.assert_array_equal(new[r].view(np.uint16), want_new.view(np.uint16))
+      np.testing.assert_allclose(normed[r].astype(np.float64), want_normed.astype(np.float64),
+                                 rtol=3.2e-2, atol=3.2e-2)
+  jaxll.check_errors()
+
+
+def test_fused_two_shot_refuses_what_it_cannot_serve():
+  rng = np.random.default_rng(4)
+  # more rows than a row-wave holds (at most 64 blocks a rank)
+  with pytest.raises(ValueError, match="cannot serve this call"):
+    jt.rmsnorm_kernel_time_us(2, 128, 16384, iters=2, reps=1, protocol="twoshot_sentinel")
+  with pytest.raises(ValueError, match="cannot serve this call"):
+    jt.rmsnorm_kernel_time_us(8, 128, 8192, iters=2, reps=1, protocol="twoshot_ll")
+  # a row of 24 bytes: LL16's two-shot serves it, sentinel's does not
+  x = rng.standard_normal((4, 2, 12)).astype(jnp.bfloat16)
+  res, w = x[0].copy(), np.ones(12, jnp.bfloat16)
+  with pytest.raises(ValueError, match="cannot serve this call"):
+    jt.virtual_all_reduce_rmsnorm(x, res, w, protocol="twoshot_sentinel")
+  normed, new = jt.virtual_all_reduce_rmsnorm(x, res, w, protocol="twoshot_ll")
+  want_normed, want_new = _rmsnorm_reference(x, res, w, 1e-6)
+  np.testing.assert_array_equal(new[3].view(np.uint16), want_new.view(np.uint16))
+  jaxll.check_errors()
+
+
+def test_fused_auto_takes_the_two_shot_kernel_where_it_measured_faster():
+  # the kernel's own choice (RmsNormProtocol::kAuto, ffi/kernels/all_reduce.h):
+  # two-shot on sentinel in groups of 8 from 256 KiB of x per rank, and for
+  # calls of 64 KiB and more that no decode-shape cut serves; else one-shot
+  from jaxll._ext import ext
+  from jaxll import algorithms
+  bf16, auto = algorithms.DTYPE_CODES["bfloat16"], algorithms.RMSNORM_PROTOCOL_CODES["auto"]
+  def plan(n, tokens, hidden):
+    p = ext.rmsnorm_plan(jt.virtual_workspace(n).id, bf16, tokens, hidden, auto)
+    return ("twoshot" if p["twoshot"] else "oneshot") + "_" + p["protocol"]
+  assert plan(8, 4, 8192) != "twoshot_sentinel"       # 64 KiB: one-shot
+  assert plan(8, 8, 8192) == "oneshot_sentinel"       # 128 KiB: one-shot
+  assert plan(8, 16, 8192) == "twoshot_sentinel"      # 256 KiB
+  assert plan(4, 16, 8192) == "oneshot_sentinel"      # (a group of 4: the decode-shape cut)
+  assert plan(2, 64, 8192) == "twoshot_sentinel"      # beyond the decode-shape cuts
+  assert plan(2, 1, 8192) == "oneshot_ll"
+  # and the call runs: a jitted auto call of 16 x 8192 on 8 ranks
+  rng = np.random.default_rng(5)
+  x = rng.standard_normal((8, 16, 8192)).astype(jnp.bfloat16)
+  res = rng.standard_normal((16, 8192)).astype(jnp.bfloat16)
+  w = np.ones(8192, jnp.bfloat16)
+  normed, new = jt.virtual_all_reduce_rmsnorm(x, res, w)
+  want_normed, want_new = _rmsnorm_reference(x, res, w, 1e-6)
+  for r in range(8):
+    np.testing.assert_array_equal(new[r].view(np.uint16), want_new.view(np.uint16))
+  jaxll.check_errors()
+
+
 def test_fused_sentinel_refuses_what_it_cannot_serve():
   rng = np.random.default_rng(3)
   # a row of 24 bytes (not a multiple of 16)
   x = rng.standard_normal((2, 2, 12)).astype(jnp.bfloat16)
   res, w = x[0].copy(), np.ones(12, jnp.bfloat16)
-  with pytest.raises(ValueError, match="sentinel protocol serves only"):
+  with pytest.raises(ValueError, match="cannot serve this call"):
     jt.virtual_all_reduce_rmsnorm(x, res, w, protocol="sentinel")
   normed, new = jt.virtual_all_reduce_rmsnorm(x, res, w)  # auto: LL16 serves it
   want_normed, want_new = _rmsnorm_reference(x, res, w, 1e-6)
   np.testing.assert_array_equal(new[1].view(np.uint16), want_new.view(np.uint16))
   # more than one round of the decode-shape kernel
-  with pytest.raises(ValueError, match="sentinel protocol serves only"):
+  with pytest.raises(ValueError, match="cannot serve this call"):
     jt.rmsnorm_kernel_time_us(2, 128, 16384, iters=2, reps=1, protocol="sentinel")
   with pytest.raises(ValueError, match="protocol must be one of"):
     jt.virtual_all_reduce_rmsnorm(x, res, w, protocol="ll128")
-  with pytest.raises(jax.errors.JaxRuntimeError, match="sentinel protocol serves only"):
+  with pytest.raises(jax.errors.JaxRuntimeError, match="cannot serve this call"):
     jax.block_until_ready(jt.virtual_fused_rmsnorm(x, np.asarray(x), w, protocol="sentinel"))
   jaxll.check_errors()

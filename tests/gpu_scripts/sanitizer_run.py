@@ -1,6 +1,7 @@
 """A small virtual-rank run for compute-sanitizer (memcheck, racecheck, synccheck,
 initcheck; tests/gpu_scripts/sanitizers.sh runs all four).
-The fused all-reduce + residual + RMSNorm kernel runs too (three shapes per N), and
+The fused all-reduce + residual + RMSNorm kernels run too (three shapes per N, one-shot
+and two-shot, LL16 and sentinel), and
 the all-gather and reduce-scatter kernels (the LL16, sentinel and barrier kernels, two sizes per N).
 
   compute-sanitizer --tool racecheck python3 tests/gpu_scripts/sanitizer_run.py [CALLS] [RANKS]
@@ -24,6 +25,8 @@ from jaxll._ext import ext
 
 calls = int(sys.argv[1]) if len(sys.argv) > 1 else 12
 ranks = [int(r) for r in sys.argv[2].split(",")] if len(sys.argv) > 2 else [2, 3]
+TWOSHOT_LL = algorithms.RMSNORM_PROTOCOL_CODES["twoshot_ll"]
+TWOSHOT_SENTINEL = algorithms.RMSNORM_PROTOCOL_CODES["twoshot_sentinel"]
 bad = 0
 for n in ranks:
   comm = ext.create_workspace([[0] * n], True, 4096, 20000)
@@ -38,7 +41,8 @@ for n in ranks:
   # the fused all-reduce + residual + RMSNorm, rows of one and of several
   # rounds on LL16 (this 4 KiB workspace), then on the sentinel exchange (a
   # workspace of 1 MiB, whose regions hold each of these rows' segments: every
-  # shape must be served), three calls with other inputs each
+  # shape must be served), three calls with other inputs each, then the
+  # two-shot kernel on both exchanges (on the 1 MiB workspace: every shape)
   big = ext.create_workspace([[0] * n], True, 1 << 20, 3000)
   for dtype, hidden in (("float32", 12), ("bfloat16", 4096), ("float16", 1000)):
     item = 4 if dtype == "float32" else 2
@@ -46,7 +50,9 @@ for n in ranks:
     x = np.random.default_rng(hidden).integers(0, 255, size=n * tokens * hidden * item,
                                                dtype=np.uint8)
     x[1::2] = 0x3C  # small finite values in every dtype
-    for c, protocol, k in ((comm, 0, 0), (big, 2, 0), (big, 2, 1), (big, 2, 2)):
+    for c, protocol, k in ((comm, 0, 0), (big, 2, 0), (big, 2, 1), (big, 2, 2),
+                           (big, TWOSHOT_SENTINEL, 0), (big, TWOSHOT_SENTINEL, 1),
+                           (big, TWOSHOT_LL, 0), (big, TWOSHOT_LL, 1)):
       xk = x.copy()
       xk[::2] = (xk[::2].astype(np.int64) + 17 * k) % 256  # (other low bytes)
       try:
@@ -103,7 +109,7 @@ for n in ranks:
   # (sentinel: on a workspace of 1 MiB of scratch, whose regions its
   # decode-shape kernel moves 2 x 4096 bf16 in, one round)
   big = ext.create_workspace([[0] * n], True, 1 << 20, 3000)
-  for c, protocol in ((comm, 0), (big, 2)):
+  for c, protocol in ((comm, 0), (big, 2), (big, TWOSHOT_SENTINEL)):
     *_, err = ext.virtual_rmsnorm(c, algorithms.DTYPE_CODES["bfloat16"], xb.tobytes(),
                                   xb[:2 * 4096].tobytes(), xb[:4096].tobytes(), 2, 4096, 1e-6, 0,
                                   protocol=protocol)

@@ -9,10 +9,10 @@ squares is reduced in another order than XLA's), every run the first run's bits.
 algorithm="auto" must take the fused kernel exactly for the cases of at most
 jaxll.fused.fused_auto_max_bytes (more where "fused" runs on the sentinel
 exchange in a group of 2), with the bits of the path it took.
-algorithm="fused_sentinel" (the kernel on the sentinel exchange) must serve
-every case but the 64 x 16384 one (beyond its one round: refused with
-ValueError) with the same checks as "fused", and the LL16 kernel's
-new_residual bits.
+algorithm="fused_sentinel" (the kernel on the sentinel exchange) and
+"fused_twoshot_sentinel" (the two-shot kernel) must serve every case but the
+64 x 16384 one (beyond one round or one row-wave: refused with ValueError) with
+the same checks as "fused", and the LL16 kernel's new_residual bits.
 
   python rmsnorm_check.py [--runs 10]
 """
@@ -91,14 +91,15 @@ for (tokens, hidden), dtype in CASES:
   args = (put(x, P("tp")), put(res, P()), put(w, P()))
   fused, composed = step("fused"), step("oneshot_ll")
   paths = sorted({s.algorithm for s in jaxll.explain(fused, *args)})
-  if not any(s.algorithm.startswith("fused_oneshot_") for s in jaxll.recent_call_sites()):
+  if not any(s.algorithm.startswith("fused_") for s in jaxll.recent_call_sites()):
     report["errors"].append(f"{key}: the fused kernel did not serve the call ({paths})")
   # algorithm="auto": the fused kernel up to its auto limit for this group and
   # exchange, then the composition; where it takes the kernel, its bits
   auto = step("auto")
-  took = any(s.algorithm.startswith("fused_oneshot_") for s in jaxll.explain(auto, *args))
+  took = any(s.algorithm.startswith("fused_") for s in jaxll.explain(auto, *args))
   nbytes = tokens * hidden * np.dtype(dtype).itemsize
-  small = nbytes <= jaxll.fused.fused_auto_max_bytes(n, "fused_oneshot_sentinel" in paths)
+  small = nbytes <= jaxll.fused.fused_auto_max_bytes(
+      n, any(p.endswith("_sentinel") for p in paths), any("twoshot" in p for p in paths))
   if took != small:
     report["errors"].append(f"{key}: auto took the fused kernel: {took}, expected {small}")
   fc, cc = fused.lower(*args).compile(), composed.lower(*args).compile()
@@ -109,16 +110,19 @@ for (tokens, hidden), dtype in CASES:
   if not all(np.array_equal(a, b) for a, b in zip(by_auto, [np.asarray(
       o.addressable_data(0)) for o in (fc if took else cc)(*args)])):
     report["errors"].append(f"{key}: auto's results differ from the path it took")
-  # the sentinel exchange, named: the same checks (where it serves the shape)
+  # the sentinel exchange and the two-shot kernel, named: the same checks
+  # (where they serve the shape)
   variants = [("fused", fc)]
-  try:
-    sentinel = step("fused_sentinel")
-    if "fused_oneshot_sentinel" not in {s.algorithm for s in jaxll.explain(sentinel, *args)}:
-      report["errors"].append(f"{key}: fused_sentinel took another path")
-    variants.append(("fused_sentinel", sentinel.lower(*args).compile()))
-  except ValueError as e:
-    if (tokens, hidden) != (64, 16384) or "sentinel exchange cannot serve" not in str(e):
-      report["errors"].append(f"{key}: fused_sentinel refused: {e}")
+  for name, path in (("fused_sentinel", "fused_oneshot_sentinel"),
+                     ("fused_twoshot_sentinel", "fused_twoshot_sentinel")):
+    try:
+      named = step(name)
+      if path not in {s.algorithm for s in jaxll.explain(named, *args)}:
+        report["errors"].append(f"{key}: {name} took another path")
+      variants.append((name, named.lower(*args).compile()))
+    except ValueError as e:
+      if (tokens, hidden) != (64, 16384) or "exchange cannot serve" not in str(e):
+        report["errors"].append(f"{key}: {name} refused: {e}")
   launch.barrier()
   for name, compiled in variants:
     check_runs(f"{key}/{name}", compiled, args, want, dtype)
