@@ -73,7 +73,7 @@ FUSED_SENTINEL_AUTO_MAX_BYTES: dict[int, int] = {2: 512 * 1024, 4: 256 * 1024}
 # its two-shot cut (its own choice in groups of 8 from 256 KiB). Measured on
 # one H200, bfloat16, hidden 8192, against the composition with
 # jaxll.all_reduce's auto (two-shot) all-reduce (benchmarks/README.md,
-# "Session 12"): at 16 tokens 1.17-1.19x with 8 processes (two runs),
+# "Session 12"): at 16 tokens 1.17-1.19x with 8 processes (three runs),
 # 1.10-1.37x on 8 virtual ranks (two runs); at 32 tokens 1.06-1.09x on
 # virtual ranks and not served with 8 processes (so not listed).
 FUSED_TWOSHOT_AUTO_MAX_BYTES: dict[int, int] = {8: 256 * 1024}
@@ -136,8 +136,8 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
       ``"fused_twoshot_sentinel"``: the two-shot kernel (each rank reduces
       1/N of every row segment and sends the sums to all; every rank adds its
       own residual), for calls of one row-wave of its cut with at most 2
-      units a thread (e.g. up to 32 tokens at hidden 8192 bf16 with 8 ranks,
-      sentinel); where a workspace serves the axes but the named exchange
+      units a thread (e.g. at hidden 8192 bf16 on sentinel, up to 32 tokens
+      with 8 virtual ranks on one H200, 16 with 8 processes sharing it); where a workspace serves the axes but the named exchange
       cannot serve the call, lowering raises ValueError; any other
       jaxll.all_reduce algorithm: the composition with that all-reduce. The
       kernel's cut (and so its exchange, and auto's choice above
