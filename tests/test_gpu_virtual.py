@@ -4,6 +4,8 @@ one-device mesh. Marked ``gpu``: skipped where JAX sees no CUDA GPU.
 Run with:  pytest -m gpu tests
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -633,6 +635,39 @@ def test_fused_auto_takes_the_two_shot_kernel_where_it_measured_faster():
   want_normed, want_new = _rmsnorm_reference(x, res, w, 1e-6)
   for r in range(8):
     np.testing.assert_array_equal(new[r].view(np.uint16), want_new.view(np.uint16))
+  jaxll.check_errors()
+
+
+def test_fused_decode_cut_keeps_a_grid_that_launches_early():
+  # 4 rows of 8192 bf16 on 8 ranks: a block per 128 sentinel units would be 32
+  # blocks, more than half this rank's grid bound, so the call would not launch
+  # early (PDL); the cut takes fewer, longer segments instead (one unit a thread,
+  # the signature warp spare) where that grid launches early
+  if os.environ.get("JAXLL_PDL") == "0" or jax.devices("cuda")[0].core_count < 128:
+    pytest.skip("needs PDL and an H100/H200-sized grid bound")
+  bf16 = algorithms.DTYPE_CODES["bfloat16"]
+  ws = jt.virtual_workspace(8)
+  half = ext.workspace_info(ws.id)["max_blocks"] // 2
+  for proto in ("sentinel", "twoshot_sentinel"):
+    p = ext.rmsnorm_plan(ws.id, bf16, 4, 8192, algorithms.RMSNORM_PROTOCOL_CODES[proto])
+    assert p["waves"] == 1 and p["pdl"] and p["blocks"] <= half, (proto, p)
+    assert p["segments"] < 8 and p["threads"] >= 1024 // p["segments"] + 32, (proto, p)
+  # and where no such grid exists (8 rows: 512-unit segments leave no spare
+  # warp), the cut of a block per 128 units stays
+  p = ext.rmsnorm_plan(ws.id, bf16, 8, 8192, algorithms.RMSNORM_PROTOCOL_CODES["sentinel"])
+  assert p["segments"] == 4 and not p["pdl"], p
+  rng = np.random.default_rng(11)
+  x = rng.standard_normal((8, 4, 8192)).astype(jnp.bfloat16)
+  res = rng.standard_normal((4, 8192)).astype(jnp.bfloat16)
+  w = (1 + 0.1 * rng.standard_normal(8192)).astype(jnp.bfloat16)
+  want_normed, want_new = _rmsnorm_reference(x, res, w, 1e-6)
+  for proto in ("sentinel", "twoshot_sentinel"):
+    normed, new = jt.virtual_all_reduce_rmsnorm(x, res, w, protocol=proto)
+    for r in range(8):
+      np.testing.assert_array_equal(new[r].view(np.uint16), want_new.view(np.uint16))
+      np.testing.assert_array_equal(normed[r].view(np.uint16), normed[0].view(np.uint16))
+    np.testing.assert_allclose(normed[0].astype(np.float32), want_normed.astype(np.float32),
+                               rtol=1.6e-2, atol=1.6e-2)
   jaxll.check_errors()
 
 

@@ -71,7 +71,9 @@ __device__ __forceinline__ bool round_boundary(bool ok) {
 // mismatch with both signatures (so every wait of the rank gives up at once)
 // and poisons its whole share of the output. The block's last n-1 threads do
 // it, one peer each, right at the start (the host gives blocks a spare warp for
-// it where there is room, so it runs beside the data path); at the end the
+// it where there is room, so it runs beside the data path; the fused two-shot
+// kernel, where it has none, takes threads that only receive instead:
+// twoshot_signature_lane in all_reduce_rmsnorm.cu); at the end the
 // block learns whether any thread failed. A slot, once checked, is reset to a
 // packet whose two flags differ (never ready), so no stale signature is ever
 // taken for a current one.

@@ -21,6 +21,10 @@
 // code 1). All blocks of the grid are co-resident (the grid bound), so a block
 // waiting for its row's partial sums always ends.
 //
+// Where the grid of a block per 128 units would not launch early (more than half
+// the rank's grid bound, see plan_cut) and one row-wave holds every row, fewer,
+// longer segments are taken if that grid launches early.
+//
 // Three kernels do this: rmsnorm_kernel, for any cut, and rmsnorm_lean_kernel,
 // for the cuts where every block holds one segment of one row that one round
 // moves with at most one unit per thread (lean_plan(): the decode shapes), the
@@ -93,7 +97,22 @@ struct RmsNormArgs {
   int waves;            // row-waves of the call: ceil(tokens / (gridDim.x / S))
   int clustered;        // 1: the S blocks of a row are one thread-block cluster
   float eps;
+#ifdef JAXLL_FUSED_PHASES
+  int skip;  // (phases builds only) JAXLL_FUSED_SKIP, see JAXLL_SKIP
+#endif
 };
+
+// (phases builds of the test harness only) JAXLL_FUSED_SKIP=bits leaves parts
+// of the two-shot kernel out, to time what each costs in back-to-back calls
+// (harness mode "graph"; the results are then wrong): 2 the norm (the kernel
+// ends after new_residual), 4 the all-gather's waits, 8 the reduce-scatter's
+// waits, 16 the stores of normed and new_residual.
+
+#ifdef JAXLL_FUSED_PHASES
+#define JAXLL_SKIP(bit) ((a.skip & (bit)) != 0)
+#else
+#define JAXLL_SKIP(bit) false
+#endif
 
 // This block's units [u0, u1) of every row it holds.
 struct Segment {
@@ -546,6 +565,21 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_k
   JAXLL_PHASE(5);
 }
 
+// The signature lane (peer offset k, 0: none) of this thread in the two-shot
+// kernel: the block's spare threads past the padded segment where it has n - 1
+// of them (signature_lane), else the n - 1 threads from the next rank's chunk
+// on, which only receive there. A lane waits for its peer's signature before
+// its next step, and on a thread that reduces this rank's chunk that wait held
+// back a sum every peer awaits (N=8 on one H200, 16 rows of 8192 bf16: 13.3 us
+// a call with the block's last threads as lanes, 10.7 us with these).
+__device__ __forceinline__ int twoshot_signature_lane(int rank, int n, int c, int padded) {
+  const int threads = static_cast<int>(blockDim.x);
+  if (padded + n - 1 <= threads) return signature_lane(n);
+  const int first = ((rank + 1) % n) * c % threads;
+  const int k = (static_cast<int>(threadIdx.x) - first + threads) % threads + 1;
+  return k < n ? k : 0;
+}
+
 // The two-shot fused kernel: rmsnorm_lean_kernel's cut (one row-wave, a
 // block per segment of a row, the row's blocks combined as there), with the
 // segment's exchange done in two shots, as the two-shot all-reduce does with a
@@ -614,7 +648,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_twosho
     if (a.clustered) cluster_drain(a, g, 0, &entered);
     return;
   }
-  const int sig_lane = !v.signatures || n == 1 ? 0 : signature_lane(n);
+  const int sig_lane = !v.signatures || n == 1 ? 0 : twoshot_signature_lane(rank, n, c, padded);
   send_signature(a.base, sig_lane, n, bs);
   const uint64_t epoch = bs.epoch;
   const int parity = static_cast<int>(epoch & 1);
@@ -639,7 +673,11 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_twosho
   for (int k = 0; k < K; ++k) {
     const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
     if (u < padded && u / c == rank && ok) {
-      ok = reduce_slot<NR, P, T, SumOp, W>(rs, n, u - rank * c, xv[k], &hv[k]);
+      if (JAXLL_SKIP(8)) {
+        hv[k] = xv[k];
+      } else {
+        ok = reduce_slot<NR, P, T, SumOp, W>(rs, n, u - rank * c, xv[k], &hv[k]);
+      }
       if (ok) {
         hv[k] = ag.prepare(hv[k]);
         send_to_peers<NR>(ag, n, u - rank * c, hv[k]);
@@ -651,7 +689,11 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_twosho
   for (int k = 0; k < K; ++k) {
     const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
     const int owner = u / c;
-    if (u < padded && owner != rank && ok) ok = channel_recv<P, T, W>(ag, owner, u - owner * c, &hv[k]);
+    if (JAXLL_SKIP(4)) {
+      if (owner != rank) hv[k] = xv[k];
+    } else if (u < padded && owner != rank && ok) {
+      ok = channel_recv<P, T, W>(ag, owner, u - owner * c, &hv[k]);
+    }
   }
   JAXLL_PHASE(2);
   // The residual, added in unit order (so the squares add up in the same order
@@ -664,8 +706,16 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_twosho
     wv[k] = u < len ? load_unit<T, W>(static_cast<const T*>(a.weight), u0 + u, a.hidden, vec) : Unit<W>{};
     if (u < len) {
       hv[k] = ok ? residual_add<T, W>(hv[k], rv[k], &squares) : poison_unit<W>();
-      store_unit<T, W>(static_cast<T*>(a.new_residual), at + u, count, vec, hv[k]);
+      if (!JAXLL_SKIP(16)) store_unit<T, W>(static_cast<T*>(a.new_residual), at + u, count, vec, hv[k]);
     }
+  }
+  if (JAXLL_SKIP(2)) {  // (timing only: no norm)
+    if (a.clustered) asm volatile("barrier.cluster.wait;" ::: "memory");
+    block_failed(ok);
+    JAXLL_PHASE(3);
+    JAXLL_PHASE(4);
+    JAXLL_PHASE(5);
+    return;
   }
   // (the call's only round: no fence; block_sum_ok's barrier ends it)
   const float part = block_sum_ok(squares, &ok, false);
@@ -685,7 +735,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_twosho
     const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
     if (u < len) {
       const Unit<W> out = norm_unit<T, W>(hv[k], wv[k], inv);
-      store_unit<T, W>(static_cast<T*>(a.normed), at + u, count, vec, ok ? out : poison_unit<W>());
+      if (!JAXLL_SKIP(16)) store_unit<T, W>(static_cast<T*>(a.normed), at + u, count, vec, ok ? out : poison_unit<W>());
     }
   }
   JAXLL_PHASE(4);
@@ -843,53 +893,75 @@ RmsNormPlan plan_cut(DType dtype, const RankView& view, int64_t tokens, int64_t 
     p.threads = static_cast<int>(std::min<int64_t>(kBlockThreads, ((work + 31) / 32) * 32 + sig_warp));
     return p;
   };
-  plan = shape(segments);
-  // Rows split over blocks: one cluster per row where the device launches
-  // clusters and holds every rank's at once (at most kClusterSegments blocks a
-  // row), else the header's slots.
-  int64_t allowed = 0;
-  if (plan.segments > 1) {
-    const RmsNormPlan c = shape(std::min<int64_t>(plan.segments, kClusterSegments));
-    if (c.segments > 1) {
-      allowed = cluster_allowance(fn, static_cast<int>(c.segments), c.threads, view);
-      // (only where the rank may hold a cluster for every row of the wave: fewer
-      // rows at once would cost row-waves the slot path does not need)
-      if (allowed >= c.rows_at_once) {
-        plan = c;
-        plan.cluster = static_cast<int>(plan.segments);
+  // The rest of the plan for a cut `p`: rows split over blocks go as one
+  // cluster per row where the device launches clusters and holds every rank's
+  // at once (at most kClusterSegments blocks a row), else through the header's
+  // slots; then the grid, its row-waves and whether it launches early.
+  auto finish = [&](RmsNormPlan p) {
+    int64_t allowed = 0;
+    if (p.segments > 1) {
+      const RmsNormPlan c = shape(std::min<int64_t>(p.segments, kClusterSegments));
+      if (c.segments > 1) {
+        allowed = cluster_allowance(fn, static_cast<int>(c.segments), c.threads, view);
+        // (only where the rank may hold a cluster for every row of the wave: fewer
+        // rows at once would cost row-waves the slot path does not need)
+        if (allowed >= c.rows_at_once) {
+          p = c;
+          p.cluster = static_cast<int>(p.segments);
+        }
       }
     }
-  }
 #ifdef JAXLL_FUSED_PHASES
-  // (phases builds of the test harness only) JAXLL_FUSED_PLAN="S:C:R" forces
-  // S segments a row, clusters of C (1: slots) and R rows at once, to time
-  // cuts the plan above would not choose; the allowances go to stderr.
-  if (const char* e = std::getenv("JAXLL_FUSED_PLAN")) {
-    long s = 0, c = 0, r = 0;
-    if (std::sscanf(e, "%ld:%ld:%ld", &s, &c, &r) == 3 && s >= 1 && r >= 1) {
-      plan = shape(s);
-      plan.rows_at_once = std::min<int64_t>(r, tokens);
-      plan.cluster = c > 1 ? static_cast<int>(plan.segments) : 1;
-      allowed = plan.cluster > 1 ? cluster_allowance(fn, plan.cluster, plan.threads, view) : 0;
-      static int64_t told = -1;  // (once per shape and rank count)
-      if (told != tokens * 64 + view.nranks) {
-        fprintf(stderr,
-                "JAXLL_FUSED_PLAN %s: segments %ld, rows %ld, cluster %d, threads %d; "
-                "allowance %ld (max_blocks %d)\n",
-                e, (long)plan.segments, (long)plan.rows_at_once, plan.cluster, plan.threads,
-                (long)allowed, view.max_blocks);
-        told = tokens * 64 + view.nranks;
+    // (phases builds of the test harness only) JAXLL_FUSED_PLAN="S:C:R" forces
+    // S segments a row, clusters of C (1: slots) and R rows at once, to time
+    // cuts the plan above would not choose; the allowances go to stderr.
+    if (const char* e = std::getenv("JAXLL_FUSED_PLAN")) {
+      long fs = 0, fc = 0, fr = 0;
+      if (std::sscanf(e, "%ld:%ld:%ld", &fs, &fc, &fr) == 3 && fs >= 1 && fr >= 1) {
+        p = shape(fs);
+        p.rows_at_once = std::min<int64_t>(fr, tokens);
+        p.cluster = fc > 1 ? static_cast<int>(p.segments) : 1;
+        allowed = p.cluster > 1 ? cluster_allowance(fn, p.cluster, p.threads, view) : 0;
+        static int64_t told = -1;  // (once per shape and rank count)
+        if (told != tokens * 64 + view.nranks) {
+          fprintf(stderr,
+                  "JAXLL_FUSED_PLAN %s: segments %ld, rows %ld, cluster %d, threads %d; "
+                  "allowance %ld (max_blocks %d)\n",
+                  e, (long)p.segments, (long)p.rows_at_once, p.cluster, p.threads,
+                  (long)allowed, view.max_blocks);
+          told = tokens * 64 + view.nranks;
+        }
       }
     }
-  }
 #endif
-  plan.blocks = plan.segments * plan.rows_at_once;
-  plan.waves = (tokens + plan.rows_at_once - 1) / plan.rows_at_once;
-  plan.slots = plan.segments > 1 && plan.cluster == 1;
-  // PDL lets two of this rank's grids be resident: for clusters, only where
-  // twice the grid's clusters stay within the rank's share too.
-  plan.pdl = launches_early(view, plan.blocks) &&
-             (plan.cluster == 1 || 2 * plan.rows_at_once <= allowed);
+    p.blocks = p.segments * p.rows_at_once;
+    p.waves = (tokens + p.rows_at_once - 1) / p.rows_at_once;
+    p.slots = p.segments > 1 && p.cluster == 1;
+    // PDL lets two of this rank's grids be resident: for clusters, only where
+    // twice the grid's clusters stay within the rank's share too.
+    p.pdl = launches_early(view, p.blocks) && (p.cluster == 1 || 2 * p.rows_at_once <= allowed);
+    return p;
+  };
+  plan = finish(shape(segments));
+  // A grid of more than half the rank's bound does not launch early, and the
+  // next call then starts only when this one has ended (N=8 on one H200, 4 rows
+  // of 8192 bf16: 32 blocks of 128 sentinel units, 6.8 us a call; 16 blocks of
+  // 256 that launch early, 5.9 us; two-shot 8.1 vs 6.3 us). Where one row-wave
+  // takes every row and fewer, longer segments still leave a unit a thread and
+  // the signature warp spare (and one round moves a segment), the cut takes as
+  // many segments a row as keep the grid within half the bound, if that grid
+  // then launches early.
+  bool coarse = true;
+#ifdef JAXLL_FUSED_PHASES
+  coarse = std::getenv("JAXLL_FUSED_NO_COARSE") == nullptr;  // (to time both cuts)
+#endif
+  if (coarse && !plan.pdl && view.pdl && plan.waves == 1) {
+    const int64_t s = view.max_blocks / 2 / tokens;
+    if (s >= 1 && s < plan.segments && (row_units + s - 1) / s + sig_warp <= kBlockThreads) {
+      const RmsNormPlan c = finish(shape(s));
+      if (c.pdl && c.waves == 1 && c.chunk_units >= c.seg_span) plan = c;
+    }
+  }
   return plan;
 }
 
@@ -983,6 +1055,9 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
   a.hidden = hidden;
   a.row_units = hidden * dtype_bytes(dtype) / (plan.proto == Proto::kSentinel ? 16 : 8);
   a.eps = eps;
+#ifdef JAXLL_FUSED_PHASES
+  if (const char* e = std::getenv("JAXLL_FUSED_SKIP")) a.skip = std::atoi(e);
+#endif
   // The plan rides in the signature's reduction field: it depends on device
   // queries (cluster support and capacity), so ranks on unlike devices could cut
   // a call differently; that must be a reported mismatch, never a wrong row.

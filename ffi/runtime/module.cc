@@ -302,6 +302,7 @@ NB_MODULE(_jaxll, m) {
     d["protocol"] = p.proto == Proto::kSentinel ? "sentinel" : "ll";
     d["twoshot"] = p.twoshot;
     d["units"] = p.units;
+    d["pdl"] = p.pdl;
     return d;
   }, "id"_a, "dtype"_a, "tokens"_a, "hidden"_a, "protocol"_a,
         "How this process's first rank of the workspace would cut a fused all_reduce_rmsnorm "
