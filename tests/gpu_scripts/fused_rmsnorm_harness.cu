@@ -17,9 +17,19 @@
 // segments a row, clusters of C blocks (1: the header's slots), R rows at once;
 // the plan and its cluster allowance go to stderr. A cut of more blocks than the
 // rank's grid bound times out (error kind 4) by design.
+// Mode "graph" times calls in steady state instead: HARNESS_GRAPH_ITERS (200)
+// calls of every rank back to back in one CUDA graph, medians of 7 replays, us
+// a call above a graph of empty kernels, for HARNESS_GRAPH_N ranks (8),
+// HARNESS_SHAPES (4, 8, 16 x 8192) and HARNESS_VARIANTS="protocol:skip,..."
+// (skip: JAXLL_FUSED_SKIP of a phases build, see all_reduce_rmsnorm.cu; each
+// variant's plan is printed: segments x rows at once, cluster, PDL); with
+// phases, the medians of the last call's intervals and the ranks' spread;
+// HARNESS_GRAPH_PDL=0 / HARNESS_GRAPH_SIG=0 turn PDL / signatures off; with
+// HARNESS_WITH_ALL_REDUCE, the two-shot and one-shot sentinel all-reduce of x.
 // With -DHARNESS_WITH_ALL_REDUCE and the all-reduce kernel files added
 // (all_reduce.cu all_reduce_oneshot.cu all_reduce_twoshot.cu
-// all_reduce_twoshot_atomic.cu, beside all_reduce_rmsnorm.cu and launch.cu),
+// all_reduce_twoshot_atomic.cu gather_scatter.cu, beside all_reduce_rmsnorm.cu
+// and launch.cu),
 // mode "ar" runs the seq mode's bursts (random delays, no host sync) on the
 // all-reduce kernels, exact float32 sums.
 // Knobs of the seq mode (to bisect a failure), from the environment:
@@ -32,7 +42,10 @@
 //                         instead of the one-thread delay kernel
 //   HARNESS_CARVEOUT=p    cudaFuncAttributePreferredSharedMemoryCarveout = p (percent,
 //                         0 = most L1) on every kernel the harness launches, the
-//                         delay kernel included
+//                         delay kernel included. The runtime sets one carveout on
+//                         every kernel; without it the seq and all modes fail at
+//                         n = 4 and 8 (a lagging rank's call that no SM takes:
+//                         benchmarks/README.md), so check with HARNESS_CARVEOUT=0
 //   HARNESS_SNAPSHOT_MS=s s ms after the burst is enqueued (set t well above s),
 //                         copy every rank's header while the kernels run and
 //                         print, per rank, the first call not started on every
@@ -598,6 +611,150 @@ int main(int argc, char** argv) {
     }
   }
 #endif
+
+  if (m == "graph") {
+    // Steady-state time per call: HARNESS_GRAPH_ITERS calls of every rank back to
+    // back in one CUDA graph (as jaxll.testing's kernel timers do), replayed 7
+    // times; medians, us per call, minus the same graph of empty kernels.
+    // HARNESS_GRAPH_N ranks (default 8), HARNESS_SHAPES as for phases,
+    // HARNESS_VARIANTS="protocol:skip,..." (skip: JAXLL_FUSED_SKIP, phases
+    // builds only); with HARNESS_WITH_ALL_REDUCE also the two-shot and one-shot
+    // sentinel all-reduce of x.
+    const int n = static_cast<int>(env_long("HARNESS_GRAPH_N", 8));
+    const int iters = static_cast<int>(env_long("HARNESS_GRAPH_ITERS", 200));
+    std::vector<std::array<int64_t, 2>> shapes = {{4, 8192}, {8, 8192}, {16, 8192}};
+    if (const char* e = std::getenv("HARNESS_SHAPES")) {
+      shapes.clear();
+      long t = 0, h = 0;
+      int used = 0;
+      for (const char* q = e; std::sscanf(q, "%ldx%ld%n", &t, &h, &used) == 2; q += used + (q[used] == ',')) {
+        shapes.push_back({t, h});
+        if (!q[used]) break;
+      }
+    }
+    std::vector<std::array<int, 2>> variants;
+    {
+      const char* e = std::getenv("HARNESS_VARIANTS");
+      std::string list = e ? e : "4:0";
+      int pr = 0, sk = 0, used = 0;
+      for (const char* q = list.c_str(); std::sscanf(q, "%d:%d%n", &pr, &sk, &used) == 2;
+           q += used + (q[used] == ',')) {
+        variants.push_back({pr, sk});
+        if (!q[used]) break;
+      }
+    }
+    Group G;
+    G.init(n, 512 * 1024, static_cast<int>(env_long("HARNESS_GRAPH_PDL", 1)),
+           static_cast<int>(env_long("HARNESS_GRAPH_SIG", 1)), timeout_ms);
+    cudaStream_t origin;
+    cudaEvent_t fork, e0, e1;
+    std::vector<cudaEvent_t> done(n);
+    CK(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    for (auto& d : done) CK(cudaEventCreateWithFlags(&d, cudaEventDisableTiming));
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    auto timed = [&](auto&& enqueue) {
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CK(cudaStreamBeginCapture(origin, cudaStreamCaptureModeThreadLocal));
+      CK(cudaEventRecord(fork, origin));
+      for (int r = 0; r < n; ++r) CK(cudaStreamWaitEvent(G.r[r].s, fork, 0));
+      for (int k = 0; k < iters; ++k) enqueue();
+      for (int r = 0; r < n; ++r) {
+        CK(cudaEventRecord(done[r], G.r[r].s));
+        CK(cudaStreamWaitEvent(origin, done[r], 0));
+      }
+      CK(cudaStreamEndCapture(origin, &graph));
+      CK(cudaGraphInstantiate(&exec, graph, 0));
+      CK(cudaGraphLaunch(exec, origin));
+      CK(cudaStreamSynchronize(origin));
+      std::vector<double> t;
+      for (int rep = 0; rep < 7; ++rep) {
+        CK(cudaEventRecord(e0, origin));
+        CK(cudaGraphLaunch(exec, origin));
+        CK(cudaEventRecord(e1, origin));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms * 1000.0 / iters);
+      }
+      CK(cudaGraphExecDestroy(exec));
+      CK(cudaGraphDestroy(graph));
+      std::sort(t.begin(), t.end());
+      return t[t.size() / 2];
+    };
+    const double floor = timed([&] {
+      for (int r = 0; r < n; ++r) delay_kernel<<<1, 32, 0, G.r[r].s>>>(0);
+    });
+    printf("graph n=%d, %d calls a graph, floor %.2f us (subtracted below)\n", n, iters, floor);
+    for (const auto& sh : shapes) {
+      Call c;
+      make_call(c, n, DType::kBF16, sh[0], sh[1], seed++);
+      printf("%ld x %ld bf16:", (long)c.tokens, (long)c.hidden);
+#ifdef HARNESS_WITH_ALL_REDUCE
+      for (Algorithm alg : {Algorithm::kTwoShotSentinel, Algorithm::kOneShotSentinel}) {
+        const double us = timed([&] {
+          for (int r = 0; r < n; ++r)
+            CK(launch_all_reduce(alg, DType::kBF16, ReduceOp::kSum, G.r[r].view, c.dx + r * c.block_bytes,
+                                 c.dnew + r * c.block_bytes, c.tokens * c.hidden, G.r[r].s));
+        });
+        printf(" all_reduce %s %.2f;", alg == Algorithm::kTwoShotSentinel ? "twoshot_sentinel" : "oneshot_sentinel",
+               us - floor);
+      }
+#endif
+      for (const auto& vr : variants) {
+        setenv("HARNESS_PROTOCOL", std::to_string(vr[0]).c_str(), 1);
+        setenv("JAXLL_FUSED_SKIP", std::to_string(vr[1]).c_str(), 1);
+        int64_t S, B;
+        plan_waves(G.r[0].view, c.tokens, c.hidden, c.dt, &S, &B);
+        if (B == 0) {
+          printf(" fused %d:%d n/a;", vr[0], vr[1]);
+          continue;
+        }
+        const double us = timed([&] { launch_call(G, c); });
+        const RmsNormPlan pl = plan_all_reduce_rmsnorm(c.dt, G.r[0].view, c.tokens, c.hidden, harness_protocol());
+        printf(" fused %d:%d (%s%ldx%ld%s%s) %.2f", vr[0], vr[1], pl.twoshot ? "2s " : "", (long)pl.segments,
+               (long)pl.rows_at_once, pl.cluster > 1 ? " cl" : "", pl.pdl ? " pdl" : "", us - floor);
+#ifdef JAXLL_FUSED_PHASES
+        {
+          // The graph's last call: medians over blocks and ranks of the intervals
+          // between the stamps, the ranks' spread of first entries and the call's span.
+          std::vector<unsigned long long> st(static_cast<size_t>(kMaxRanks) * kMaxBlocks * 6);
+          CK(read_fused_phases(st.data()));
+          std::vector<double> iv[5];
+          unsigned long long lo = ~0ull, hi = 0, first_hi = 0;
+          for (int r = 0; r < n; ++r) {
+            unsigned long long rlo = ~0ull;
+            for (int64_t b = 0; b < B; ++b) {
+              const unsigned long long* t = &st[(static_cast<size_t>(r) * kMaxBlocks + b) * 6];
+              for (int q = 0; q < 5; ++q) iv[q].push_back(t[q + 1] >= t[q] ? (t[q + 1] - t[q]) * 1e-3 : -1);
+              rlo = std::min(rlo, t[0]);
+              hi = std::max(hi, t[5]);
+            }
+            lo = std::min(lo, rlo);
+            first_hi = std::max(first_hi, rlo);
+          }
+          printf(" [");
+          for (int q = 0; q < 5; ++q) {
+            std::sort(iv[q].begin(), iv[q].end());
+            printf("%.2f%s", iv[q][iv[q].size() / 2], q < 4 ? " " : "");
+          }
+          printf(" | skew %.2f span %.2f]", (first_hi - lo) * 1e-3, (hi - lo) * 1e-3);
+        }
+#endif
+        printf(";");
+      }
+      unsetenv("JAXLL_FUSED_SKIP");
+      unsetenv("HARNESS_PROTOCOL");
+      printf("\n");
+      fflush(stdout);
+      total_bad += check_errors(G, "graph");
+      free_call(c);
+      G.reset();
+    }
+    G.destroy();
+  }
 
   if (m == "cfg") {
     // One rank: calls of a few block sizes and a delay kernel, to read under ncu
