@@ -73,9 +73,9 @@ FUSED_SENTINEL_AUTO_MAX_BYTES: dict[int, int] = {2: 512 * 1024, 4: 256 * 1024}
 # its two-shot cut (its own choice in groups of 8 from 256 KiB). Measured on
 # one H200, bfloat16, hidden 8192, against the composition with
 # jaxll.all_reduce's auto (two-shot) all-reduce (benchmarks/README.md,
-# "Session 12"): at 16 tokens 1.17-1.19x with 8 processes (three runs),
-# 1.10-1.37x on 8 virtual ranks (two runs); at 32 tokens 1.06-1.09x on
-# virtual ranks and not served with 8 processes (so not listed).
+# "Session 12" and "Session 13"): at 16 tokens 1.34x with 8 processes (two
+# runs, session 13), 1.05-1.37x on 8 virtual ranks (three runs); at 32 tokens
+# 1.06-1.09x on virtual ranks and not served with 8 processes (so not listed).
 FUSED_TWOSHOT_AUTO_MAX_BYTES: dict[int, int] = {8: 256 * 1024}
 
 
