@@ -5,7 +5,9 @@ in steady state: a jitted chain of --chain steps ``(x, r) = f(x, r, w)`` (as in
 a decoder, where the normed output feeds the next layer's matmul and the new
 residual its residual add; here normed stands in for the next layer's partial
 sums), compiled once, run --runs times back to back with one
-sync at the end, repeated --reps times; the median per step is kept. Runs in N
+sync at the end (a rep), for --reps reps, the chains taking turns rep by rep;
+the median per step is kept, and beside the ratio of the medians the median of
+the reps' ratios, composed rep over the fused rep timed after it ("paired"). Runs in N
 jax.distributed processes (jaxll.launch; they share GPU 0 where there are fewer
 GPUs), shapes of decode steps (tokens x hidden). --profile adds the device
 time per kernel of one run of each chain (process 0, JAX's profiler).
@@ -15,7 +17,8 @@ ranks of GPU 0 instead (jaxll.testing: every call forks onto the N ranks'
 streams; the composed step is the virtual all-reduce (--composed, or the
 kernel jaxll.all_reduce's auto table names) and XLA's
 norm math over all N ranks' rows, the fused step the virtual fused call; both
-captured into XLA's command buffers), and adds the kernels' own times from
+captured into XLA's command buffers; that norm math alone is timed too), and
+adds the kernels' own times from
 CUDA graphs of back-to-back calls (the fused kernel; the composition's
 all-reduce of the same bytes; the graph floor).
 
@@ -118,6 +121,7 @@ def worker(opts) -> None:
     def fused_step(algorithm):
       return lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm=algorithm)
 
+    compiled = {}
     for name, step in [("composed", composed_step)] + [(v, fused_step(v)) for v in opts.fused]:
       def chain(x, r, w, step=step):
         for _ in range(opts.chain):  # unrolled: a while loop would sync the host every step
@@ -127,32 +131,33 @@ def worker(opts) -> None:
                                 out_specs=(P("tp"), P()), check_vma=False))
       try:
         row[f"{name}_paths"] = sorted({s.algorithm for s in jaxll.explain(f, x, r0, w)})
-        compiled = f.lower(x, r0, w).compile()
+        compiled[name] = f.lower(x, r0, w).compile()
       except ValueError as e:  # (fused_sentinel on a shape it cannot serve; every rank alike)
         row[f"{name}_paths"], row[f"{name}_us"] = [f"n/a: {e}"], None
         continue
       launch.barrier()
-      jax.block_until_ready(compiled(x, r0, w))
-
-      def run_chain(runs):
+      jax.block_until_ready(compiled[name](x, r0, w))
+    # every process times the same chain at once (a barrier before each rep)
+    times = time_interleaved(compiled, (x, r0, w), opts.runs, opts.reps, opts.chain,
+                             before_rep=launch.barrier)
+    add_times(row, times)
+    for name, f in compiled.items():
+      if not opts.profile:
+        break
+      def traced(f=f):
+        launch.barrier()  # (after the profiler started on process 0: see tp_decode)
         xs, r = x, r0
-        for _ in range(runs):
-          xs, r = compiled(xs, r, w)
+        for _ in range(2):
+          xs, r = f(xs, r, w)
         r.block_until_ready()
-
-      row[f"{name}_us"] = time_chain(compiled, (x, r0, w), opts.runs, opts.reps, opts.chain)
-      if opts.profile:
-        def traced():
-          launch.barrier()  # (after the profiler started on process 0: see tp_decode)
-          run_chain(2)
-        if jax.process_index() == 0:
-          from jaxll import kernel_profile
-          times = kernel_profile.kernel_times(traced, f"/tmp/jaxll_fused_trace_{os.getpid()}")
-          steps = 2 * opts.chain
-          row[f"{name}_kernels"] = {kernel_profile.short_name(k): [c / steps, t / steps]
-                                    for k, (c, t) in times.items()}
-        else:
-          traced()
+      if jax.process_index() == 0:
+        from jaxll import kernel_profile
+        ktimes = kernel_profile.kernel_times(traced, f"/tmp/jaxll_fused_trace_{os.getpid()}")
+        steps = 2 * opts.chain
+        row[f"{name}_kernels"] = {kernel_profile.short_name(k): [c / steps, t / steps]
+                                  for k, (c, t) in ktimes.items()}
+      else:
+        traced()
     # (what algorithm="auto" takes for this shape; not timed: it is one of the two)
     auto = jax.shard_map(lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp"), mesh=mesh,
                          in_specs=(P("tp"), P(), P()), out_specs=(P("tp"), P()), check_vma=False)
@@ -164,30 +169,49 @@ def worker(opts) -> None:
 
 
 def add_speedups(row: dict, variants: list[str]) -> None:
-  """`{variant}_speedup`: the composed step over that fused variant's (None
-  where it did not run); `speedup`: the first variant's."""
+  """`{variant}_speedup`: the composed step's median over that fused variant's
+  (None where it did not run); `{variant}_paired_speedup`: the median over
+  reps of the ratio of the two reps timed one after the other (drift in clocks
+  or load between reps cancels); `speedup`: the first variant's."""
   for v in variants:
     us = row.get(f"{v}_us")
     row[f"{v}_speedup"] = row["composed_us"] / us if us else None
+    pairs = zip(row.get("composed_reps_us", []), row.get(f"{v}_reps_us") or [])
+    ratios = [c / f for c, f in pairs]
+    row[f"{v}_paired_speedup"] = statistics.median(ratios) if us and ratios else None
   row["speedup"] = row[f"{variants[0]}_speedup"]
 
 
-def time_chain(compiled, args, runs: int, reps: int, chain: int) -> float:
-  """Median over `reps` of the time per step of `runs` back-to-back calls of a
-  compiled chain of `chain` steps (one sync at the end of each rep), us."""
-  per_step = []
+def time_interleaved(compiled: dict, args, runs: int, reps: int, chain: int,
+                     before_rep=None) -> dict[str, list[float]]:
+  """Per compiled chain (name -> executable), the time per step of each of
+  `reps` reps, us; a rep is `runs` back-to-back calls with one sync at the end.
+  The chains take turns rep by rep (composed, fused, ..., composed, ...), so a
+  slow spell of the device falls on all of them rather than on one."""
+  per_step = {name: [] for name in compiled}
   for _ in range(reps):
-    t0 = time.perf_counter()
-    xs, r, w = args
-    for _ in range(runs):
-      xs, r = compiled(xs, r, w)
-    r.block_until_ready()
-    per_step.append((time.perf_counter() - t0) / (runs * chain) * 1e6)
-  return statistics.median(per_step)
+    for name, f in compiled.items():
+      if before_rep is not None:
+        before_rep()
+      xs, r, w = args
+      t0 = time.perf_counter()
+      for _ in range(runs):
+        xs, r = f(xs, r, w)
+      r.block_until_ready()
+      per_step[name].append((time.perf_counter() - t0) / (runs * chain) * 1e6)
+  return per_step
+
+
+def add_times(row: dict, times: dict[str, list[float]]) -> None:
+  """`{name}_us` (median per step) and `{name}_reps_us` (every rep's) per chain."""
+  for name, reps in times.items():
+    row[f"{name}_reps_us"] = reps
+    row[f"{name}_us"] = statistics.median(reps)
 
 
 def virtual_rows(opts) -> list[dict]:
-  """The two chains on N virtual ranks of GPU 0, per N of --virtual and shape."""
+  """The two chains on N virtual ranks of GPU 0, per N of --virtual and shape
+  (each row also written to --json as soon as it is measured)."""
   # (every virtual rank's kernel needs a hardware queue of its own: before CUDA starts)
   os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
   import jax
@@ -211,6 +235,7 @@ def virtual_rows(opts) -> list[dict]:
       r0 = jax.device_put(r0, dev)
       w = jax.device_put(jnp.ones(hidden, jnp.bfloat16), dev)
       cb = not opts.no_command_buffer
+      t_row = time.perf_counter()
       row = {"mode": "virtual", "tokens": tokens, "hidden": hidden, "dtype": "bfloat16",
              "ranks": n, "command_buffer": cb}
 
@@ -230,22 +255,24 @@ def virtual_rows(opts) -> list[dict]:
         return testing.virtual_fused_rmsnorm(x, r, w, eps=1e-6, device=dev, command_buffer=cb,
                                              protocol=protocol)
 
-      one = {}
+      # (xla_norm: XLA's norm math alone over the N ranks' rows, the
+      # composed step's part after its all-reduce; timed, not compared)
       steps = [("composed", composed)] + [
-          (v, functools.partial(fused_step, protocol=PROTOCOLS[v])) for v in opts.fused]
+          (v, functools.partial(fused_step, protocol=PROTOCOLS[v])) for v in opts.fused] + [
+          ("xla_norm", lambda x, r, w: fused.residual_rmsnorm(x, r, w, eps=1e-6))]
+      compiled, one = {}, {}
       for name, step in steps:
-        if name != "composed" and not protocol_serves(n, tokens, hidden, PROTOCOLS[name]):
+        if name in PROTOCOLS and not protocol_serves(n, tokens, hidden, PROTOCOLS[name]):
           row[f"{name}_us"] = row[f"{name}_kernel_us"] = None
           continue
         def chain(x, r, w, step=step):
           for _ in range(opts.chain):
             x, r = step(x, r, w)
           return x, r
-        compiled = jax.jit(chain).lower(x, r0, w).compile()
-        jax.block_until_ready(compiled(x, r0, w))
-        row[f"{name}_us"] = time_chain(compiled, (x, r0, w), opts.runs, opts.reps, opts.chain)
+        compiled[name] = jax.jit(chain).lower(x, r0, w).compile()
+        jax.block_until_ready(compiled[name](x, r0, w))
         one[name] = [np.asarray(v.astype(jnp.float32)) for v in jax.jit(step)(x, r0, w)]
-        if name != "composed":
+        if name in PROTOCOLS:
           row[f"{name}_kernel_us"] = statistics.median(testing.rmsnorm_kernel_time_us(
               n, tokens, hidden, dtype="bfloat16", iters=opts.graph_iters,
               protocol=PROTOCOLS[name])) - floor
@@ -254,20 +281,27 @@ def virtual_rows(opts) -> list[dict]:
           row[f"{name}_new_residual_equal"] = bool(np.array_equal(one["composed"][1], one[name][1]))
           row[f"{name}_normed_max_abs_diff"] = float(
               np.max(np.abs(one["composed"][0] - one[name][0])))
+      t_timed = time.perf_counter()
+      add_times(row, time_interleaved(compiled, (x, r0, w), opts.runs, opts.reps, opts.chain))
+      row["timed_wall_s"] = time.perf_counter() - t_timed
       add_speedups(row, opts.fused)
       row["all_reduce_kernel_us"] = statistics.median(testing.kernel_time_us(
           n, tokens * hidden * 2, dtype="bfloat16", algorithm=ar,
           iters=opts.graph_iters)) - floor
       row["graph_floor_us"] = floor
+      row["row_wall_s"] = time.perf_counter() - t_row
       rows.append(row)
+      if opts.json:  # (after every row: a run cut short keeps the rows it finished)
+        with open(opts.json, "w") as f:
+          json.dump({"virtual": opts.virtual, "rows": rows}, f, indent=1)
       fused_text = "; ".join(
           f"{v} n/a" if row[f"{v}_us"] is None else
-          f"{v} {row[f'{v}_us']:7.2f} us, {row[f'{v}_speedup']:.2f}x (kernel {row[f'{v}_kernel_us']:.2f} us, "
+          f"{v} {row[f'{v}_us']:7.2f} us, {row[f'{v}_speedup']:.2f}x, paired {row[f'{v}_paired_speedup']:.2f}x (kernel {row[f'{v}_kernel_us']:.2f} us, "
           f"new_residual equal: {row[f'{v}_new_residual_equal']}, normed max |diff| "
           f"{row[f'{v}_normed_max_abs_diff']:.3g})" for v in opts.fused)
       print(f"{tokens:3d} x {hidden:5d} bf16, {n} virtual ranks: composed ({ar}) {row['composed_us']:7.2f} us; "
-            f"{fused_text}; kernels above the graph floor ({floor:.2f} us), all-reduce ({ar}) "
-            f"{row['all_reduce_kernel_us']:.2f} us", flush=True)
+            f"{fused_text}; XLA's norm alone {row['xla_norm_us']:.2f} us; kernels above the graph "
+            f"floor ({floor:.2f} us), all-reduce ({ar}) {row['all_reduce_kernel_us']:.2f} us", flush=True)
   return rows
 
 
@@ -276,7 +310,7 @@ def main() -> None:
   p.add_argument("--processes", type=int, default=2)
   p.add_argument("--chain", type=int, default=64)
   p.add_argument("--runs", type=int, default=20)
-  p.add_argument("--reps", type=int, default=5)
+  p.add_argument("--reps", type=int, default=9)
   p.add_argument("--json", default=None)
   p.add_argument("--shapes", type=parse_shapes, default=SHAPES,
                  help="tokens x hidden per rank, e.g. 1x8192,8x8192 (default: "
@@ -302,10 +336,7 @@ def main() -> None:
   if opts.virtual:
     if any(not 1 <= n <= 8 for n in opts.virtual):
       sys.exit("--virtual takes rank counts in 1..8")
-    rows = virtual_rows(opts)
-    if opts.json:
-      with open(opts.json, "w") as f:
-        json.dump({"virtual": opts.virtual, "rows": rows}, f, indent=1)
+    virtual_rows(opts)
     return
   if opts.worker:
     worker(opts)
@@ -334,7 +365,8 @@ def main() -> None:
   for r in rows:
     fused_text = "; ".join(
         f"{v} n/a" if r[f"{v}_us"] is None else
-        f"{v} {r[f'{v}_us']:7.2f} us ({','.join(r[f'{v}_paths'])}), {r[f'{v}_speedup']:.2f}x"
+        f"{v} {r[f'{v}_us']:7.2f} us ({','.join(r[f'{v}_paths'])}), {r[f'{v}_speedup']:.2f}x, "
+        f"paired {r[f'{v}_paired_speedup']:.2f}x"
         for v in opts.fused)
     print(f"{r['tokens']:3d} x {r['hidden']:5d} bf16, {r['ranks']} ranks: composed "
           f"{r['composed_us']:7.2f} us ({','.join(r['composed_paths'])}); {fused_text}; "

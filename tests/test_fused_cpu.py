@@ -252,7 +252,7 @@ def test_fused_benchmark_dry_run_on_cpu(tmp_path):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = tmp_path / "fused.json"
   r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "fused_rmsnorm.py"), "--cpu",
-                      "--processes", "2", "--chain", "2", "--runs", "1", "--reps", "1", "--profile",
+                      "--processes", "2", "--chain", "2", "--runs", "1", "--reps", "2", "--profile",
                       "--json", str(out)], capture_output=True, text=True, cwd=str(tmp_path),
                      timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
@@ -264,6 +264,11 @@ def test_fused_benchmark_dry_run_on_cpu(tmp_path):
     assert row["composed_paths"] == ["xla"] and row["fused_paths"] == ["xla"]
     assert row["composed_us"] > 0 and row["fused_us"] > 0
     assert row["composed_kernels"] == {} and row["fused_kernels"] == {}
+    # (the chains take turns rep by rep; paired: the median of the reps' ratios)
+    assert len(row["composed_reps_us"]) == len(row["fused_reps_us"]) == 2
+    ratios = [c / f for c, f in zip(row["composed_reps_us"], row["fused_reps_us"])]
+    assert row["fused_paired_speedup"] == pytest.approx(sum(ratios) / 2)
+    assert row["fused_speedup"] == pytest.approx(row["composed_us"] / row["fused_us"])
 
 
 def test_fused_benchmark_shapes_option():
