@@ -7,7 +7,7 @@ pattern of every tensor-parallel decoder block.
 LL16 or, for calls of 64 KiB and more (or rows of 32 KiB and more) that its
 decode-shape cut serves, the sentinel protocol; or on the two-shot path
 (reduce-scatter, then all-gather of the sums, on sentinel) in groups of 8 from
-256 KiB and for calls of 64 KiB and more that no decode-shape cut serves
+128 KiB and for calls of 64 KiB and more that no decode-shape cut serves
 (``"fused_ll"`` / ``"fused_sentinel"`` / ``"fused_twoshot_ll"`` /
 ``"fused_twoshot_sentinel"`` name one); ``algorithm="auto"``
 (the default) takes it where it was measured faster: at most
@@ -70,7 +70,7 @@ FUSED_SENTINEL_AUTO_MAX_BYTES: dict[int, int] = {2: 512 * 1024, 4: 256 * 1024}
 
 
 # ... and for the group sizes listed, up to this many where the kernel takes
-# its two-shot cut (its own choice in groups of 8 from 256 KiB). Measured on
+# its two-shot cut (its own choice in groups of 8 from 128 KiB). Measured on
 # one H200, bfloat16, hidden 8192, against the composition with
 # jaxll.all_reduce's auto (two-shot) all-reduce (benchmarks/README.md,
 # "Session 12" and "Session 13"): at 16 tokens 1.34x with 8 processes (two

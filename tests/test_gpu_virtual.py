@@ -430,6 +430,19 @@ def _rmsnorm_reference(x, residual, weight, eps):
   return normed, new
 
 
+def _assert_fused(normed, new, want, tol):
+  """A virtual fused call's outputs against _rmsnorm_reference's `want`: every
+  rank's new_residual exactly the reference's bits, normed the same bits on
+  every rank and within `tol` (relative and absolute) of the reference."""
+  want_normed, want_new = want
+  bits = np.uint16 if want_new.dtype.itemsize == 2 else np.uint32
+  for r in range(len(new)):
+    np.testing.assert_array_equal(new[r].view(bits), want_new.view(bits))
+    np.testing.assert_array_equal(normed[r].view(bits), normed[0].view(bits))
+  np.testing.assert_allclose(normed[0].astype(np.float64), want_normed.astype(np.float64),
+                             rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("tokens,hidden,dtype", [
     (1, 4096, jnp.bfloat16), (7, 128, np.float32), (3, 5120, np.float32),
@@ -444,14 +457,8 @@ def test_fused_all_reduce_rmsnorm_on_virtual_ranks(n, tokens, hidden, dtype, scr
   weight = (1 + 0.1 * rng.standard_normal(hidden)).astype(dtype)
   cfg = jaxll.WorkspaceConfig(scratch_bytes=scratch) if scratch else None
   normed, new = jt.virtual_all_reduce_rmsnorm(x, residual, weight, eps=1e-5, config=cfg)
-  want_normed, want_new = _rmsnorm_reference(x, residual, weight, 1e-5)
-  bits = np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
-  for r in range(n):  # every rank: the same bits, new_residual exactly the reference
-    np.testing.assert_array_equal(new[r].view(bits), want_new.view(bits))
-    np.testing.assert_array_equal(normed[r].view(bits), normed[0].view(bits))
   tol = {2: 1.6e-2 if dtype == jnp.bfloat16 else 2e-3, 4: 2e-6}[np.dtype(dtype).itemsize]
-  np.testing.assert_allclose(normed[0].astype(np.float64), want_normed.astype(np.float64),
-                             rtol=2 * tol, atol=2 * tol)
+  _assert_fused(normed, new, _rmsnorm_reference(x, residual, weight, 1e-5), 2 * tol)
   jaxll.check_errors()
 
 
@@ -472,21 +479,15 @@ def test_fused_rmsnorm_on_the_sentinel_exchange(n, tokens, hidden, dtype):
   x = rng.standard_normal((n, tokens, hidden)).astype(dtype)
   residual = rng.standard_normal((tokens, hidden)).astype(dtype)
   weight = (1 + 0.1 * rng.standard_normal(hidden)).astype(dtype)
-  bits = np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
   tol = {2: 1.6e-2 if dtype == jnp.bfloat16 else 2e-3, 4: 2e-6}[np.dtype(dtype).itemsize]
   # four calls, each with other inputs: the third and fourth reuse scratch slots
   # an earlier call read and reset (a slot left holding old data would show as
   # the old call's values); the LL16 kernel between them shares the epochs
   for k, protocol in enumerate(("sentinel", "ll", "sentinel", "sentinel")):
     xk = (x.astype(np.float32) + k).astype(dtype)
-    want_normed, want_new = _rmsnorm_reference(xk, residual, weight, 1e-5)
     normed, new = jt.virtual_all_reduce_rmsnorm(xk, residual, weight, eps=1e-5,
                                                 protocol=protocol)
-    for r in range(n):
-      np.testing.assert_array_equal(new[r].view(bits), want_new.view(bits))
-      np.testing.assert_array_equal(normed[r].view(bits), normed[0].view(bits))
-    np.testing.assert_allclose(normed[0].astype(np.float64), want_normed.astype(np.float64),
-                               rtol=2 * tol, atol=2 * tol)
+    _assert_fused(normed, new, _rmsnorm_reference(xk, residual, weight, 1e-5), 2 * tol)
   jaxll.check_errors()
 
 
@@ -552,7 +553,6 @@ def test_fused_rmsnorm_two_shot(n, tokens, hidden, dtype, protocol):
     except ValueError as e:
       assert "cannot serve this call" in str(e)
       return
-  bits = np.uint16 if np.dtype(dtype).itemsize == 2 else np.uint32
   tol = {2: 1.6e-2 if dtype == jnp.bfloat16 else 2e-3, 4: 2e-6}[np.dtype(dtype).itemsize]
   # four calls with other inputs each (the later ones reuse slots an earlier
   # one read), the one-shot sentinel and LL16 kernels between them
@@ -560,13 +560,8 @@ def test_fused_rmsnorm_two_shot(n, tokens, hidden, dtype, protocol):
     if proto == "sentinel" and (np.dtype(dtype).itemsize * hidden % 16 or tokens > 16):
       continue
     xk = (x.astype(np.float32) + k).astype(dtype)
-    want_normed, want_new = _rmsnorm_reference(xk, residual, weight, 1e-5)
     normed, new = jt.virtual_all_reduce_rmsnorm(xk, residual, weight, eps=1e-5, protocol=proto)
-    for r in range(n):
-      np.testing.assert_array_equal(new[r].view(bits), want_new.view(bits))
-      np.testing.assert_array_equal(normed[r].view(bits), normed[0].view(bits))
-    np.testing.assert_allclose(normed[0].astype(np.float64), want_normed.astype(np.float64),
-                               rtol=2 * tol, atol=2 * tol)
+    _assert_fused(normed, new, _rmsnorm_reference(xk, residual, weight, 1e-5), 2 * tol)
   jaxll.check_errors()
 
 
@@ -612,7 +607,7 @@ def test_fused_two_shot_refuses_what_it_cannot_serve():
 
 def test_fused_auto_takes_the_two_shot_kernel_where_it_measured_faster():
   # the kernel's own choice (RmsNormProtocol::kAuto, ffi/kernels/all_reduce.h):
-  # two-shot on sentinel in groups of 8 from 256 KiB of x per rank, and for
+  # two-shot on sentinel in groups of 8 from 128 KiB of x per rank, and for
   # calls of 64 KiB and more that no decode-shape cut serves; else one-shot
   from jaxll._ext import ext
   from jaxll import algorithms
@@ -621,8 +616,9 @@ def test_fused_auto_takes_the_two_shot_kernel_where_it_measured_faster():
     p = ext.rmsnorm_plan(jt.virtual_workspace(n).id, bf16, tokens, hidden, auto)
     return ("twoshot" if p["twoshot"] else "oneshot") + "_" + p["protocol"]
   assert plan(8, 4, 8192) != "twoshot_sentinel"       # 64 KiB: one-shot
-  assert plan(8, 8, 8192) == "oneshot_sentinel"       # 128 KiB: one-shot
+  assert plan(8, 8, 8192) == "twoshot_sentinel"       # 128 KiB
   assert plan(8, 16, 8192) == "twoshot_sentinel"      # 256 KiB
+  assert plan(4, 8, 8192) == "oneshot_sentinel"       # (a group of 4: one-shot)
   assert plan(4, 16, 8192) == "oneshot_sentinel"      # (a group of 4: the decode-shape cut)
   assert plan(2, 64, 8192) == "twoshot_sentinel"      # beyond the decode-shape cuts
   assert plan(2, 1, 8192) == "oneshot_ll"
@@ -660,14 +656,10 @@ def test_fused_decode_cut_keeps_a_grid_that_launches_early():
   x = rng.standard_normal((8, 4, 8192)).astype(jnp.bfloat16)
   res = rng.standard_normal((4, 8192)).astype(jnp.bfloat16)
   w = (1 + 0.1 * rng.standard_normal(8192)).astype(jnp.bfloat16)
-  want_normed, want_new = _rmsnorm_reference(x, res, w, 1e-6)
+  want = _rmsnorm_reference(x, res, w, 1e-6)
   for proto in ("sentinel", "twoshot_sentinel"):
     normed, new = jt.virtual_all_reduce_rmsnorm(x, res, w, protocol=proto)
-    for r in range(8):
-      np.testing.assert_array_equal(new[r].view(np.uint16), want_new.view(np.uint16))
-      np.testing.assert_array_equal(normed[r].view(np.uint16), normed[0].view(np.uint16))
-    np.testing.assert_allclose(normed[0].astype(np.float32), want_normed.astype(np.float32),
-                               rtol=1.6e-2, atol=1.6e-2)
+    _assert_fused(normed, new, want, 1.6e-2)
   jaxll.check_errors()
 
 

@@ -95,9 +95,11 @@ const char* rmsnorm_unsupported(DType dtype, int64_t hidden, const RankView& vie
 // segment; one row-wave, at most kRmsNormTwoShotUnits units a thread). Auto
 // takes it on sentinel, where it serves, (a) in groups of at least
 // kFusedTwoShotFromRanks for calls of at least kFusedTwoShotFromBytes of x
-// per rank (N=8 virtual ranks, 8192 bf16: 16 tokens 13.1 vs 17.5 us one-shot
-// sentinel; at 8 tokens 8.34 vs 8.41 us, but with 8 processes the one-shot
-// step was faster in two runs: 14.0 vs 15.3 us), and (b) for calls of at least
+// per rank (N=8 virtual ranks, 8192 bf16: 16 tokens 10.3 vs 17.3 us one-shot
+// sentinel; 8 tokens 8.31 vs 8.48 us, and with 8 processes the two-shot step
+// was faster in three runs since the signature-lane fix of session 13: 13.95,
+// 13.88, 14.16 vs 14.26-14.37, 14.97 us; 4 tokens 6.3 vs 5.9 us one-shot),
+// and (b) for calls of at least
 // kFusedSentinelFromBytes that neither decode-shape cut serves, instead of the
 // general LL16 kernel (64 tokens: 9.9 vs 12.7 us at N=2, 15.0 vs 34.6 at N=4;
 // 32 tokens at N=8: 17.1 vs 56 us). The values are the FFI attribute's
@@ -111,7 +113,7 @@ const char* rmsnorm_protocol_name(int code);
 constexpr int64_t kFusedSentinelFromBytes = 64 * 1024;
 constexpr int64_t kFusedSentinelFromRowBytes = 32 * 1024;
 constexpr int kFusedTwoShotFromRanks = 8;
-constexpr int64_t kFusedTwoShotFromBytes = 256 * 1024;
+constexpr int64_t kFusedTwoShotFromBytes = 128 * 1024;
 constexpr int kRmsNormTwoShotUnits = 2;
 // Why a protocol asked for was refused (launch_all_reduce_rmsnorm's
 // cudaErrorNotSupported): the one text the FFI and the testing tools report.
