@@ -141,9 +141,7 @@ def worker(opts) -> None:
     times = time_interleaved(compiled, (x, r0, w), opts.runs, opts.reps, opts.chain,
                              before_rep=launch.barrier)
     add_times(row, times)
-    for name, f in compiled.items():
-      if not opts.profile:
-        break
+    for name, f in (compiled.items() if opts.profile else ()):
       def traced(f=f):
         launch.barrier()  # (after the profiler started on process 0: see tp_decode)
         xs, r = x, r0
