@@ -45,10 +45,12 @@ def _codes() -> dict:
     return {"algorithms": {XLA: 0, **{n: i + 1 for i, n in enumerate(_KERNEL_NAMES)}},
             "dtypes": {n: i for i, n in enumerate(_DTYPES)},
             "ops": {n: i for i, n in enumerate(_OPS)},
-            "rmsnorm_protocols": {n: i for i, n in enumerate(_RMSNORM_PROTOCOLS)}}
+            "rmsnorm_protocols": {n: i for i, n in enumerate(_RMSNORM_PROTOCOLS)},
+            "rmsnorm_refusals": {n: "no kernels in this install" for n in _RMSNORM_PROTOCOLS}}
   native = ext.codes()
   for kind, names in (("algorithms", (XLA,) + _KERNEL_NAMES), ("dtypes", _DTYPES),
-                      ("ops", _OPS), ("rmsnorm_protocols", _RMSNORM_PROTOCOLS)):
+                      ("ops", _OPS), ("rmsnorm_protocols", _RMSNORM_PROTOCOLS),
+                      ("rmsnorm_refusals", _RMSNORM_PROTOCOLS)):
     if set(native.get(kind, ())) != set(names):
       raise ImportError(f"jaxll: the compiled extension's {kind} {sorted(native.get(kind, ()))} "
                         f"differ from the Python package's {sorted(names)}: rebuild jaxll")
@@ -63,6 +65,9 @@ _ALGORITHM_CODES: dict[str, int] = dict(_NATIVE["algorithms"])
 #: The fused kernel's protocol codes, by name ("auto", "ll", "sentinel",
 #: "twoshot_ll", "twoshot_sentinel").
 RMSNORM_PROTOCOL_CODES: dict[str, int] = dict(_NATIVE["rmsnorm_protocols"])
+#: Why each of those protocols, asked for, may refuse a call (the native
+#: side's text, the one its errors give).
+RMSNORM_REFUSALS: dict[str, str] = dict(_NATIVE["rmsnorm_refusals"])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -268,18 +268,6 @@ def _kernel_plan(ws: int, dtype: np.dtype, tokens: int, hidden: int, protocol: i
   return ext.rmsnorm_plan(ws, algorithms.DTYPE_CODES[dtype.name], tokens, hidden, protocol)
 
 
-# why the named exchanges refuse a call (the kernel's plan has no blocks)
-_REFUSAL = {
-    "sentinel": "a row's bytes must be a multiple of 16, and the call must fit the "
-                "decode-shape kernel's one round, a 16-byte unit a thread",
-    "twoshot_ll": "the call must fit one row-wave of the kernel's cut, at most 2 units a "
-                  "thread, an owner's chunk within a scratch region",
-    "twoshot_sentinel": "a row's bytes must be a multiple of 16, and the call must fit one "
-                        "row-wave of the kernel's cut, at most 2 units a thread, an owner's "
-                        "chunk within a scratch region",
-}
-
-
 def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
   aval = ctx.avals_in[0]
   if requested == COMPOSED:  # (its all-reduce records the call site)
@@ -321,7 +309,8 @@ def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
     if not plan["blocks"]:
       raise ValueError(
           f"jaxll.all_reduce_rmsnorm(algorithm={requested!r}): that exchange cannot "
-          f"serve {tuple(aval.shape)} {np.dtype(aval.dtype)} on this workspace ({_REFUSAL[protocol]}); "
+          f"serve {tuple(aval.shape)} {np.dtype(aval.dtype)} on this workspace "
+          f"({algorithms.RMSNORM_REFUSALS[protocol]}); "
           f"use 'fused' or 'fused_ll'")
     results = lowering.emit_ordered_call(ctx, "jaxll_all_reduce_rmsnorm",
                                          [x, residual, weight], workspace=ws,

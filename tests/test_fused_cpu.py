@@ -213,10 +213,14 @@ def test_named_protocols_reach_the_kernel(mesh, monkeypatch, algorithm, code, pa
   assert site.reason == f"algorithm={algorithm!r} requested"
 
 
+@pytest.mark.skipif(not jaxll.kernels_available(), reason="the refusal's text is the kernels'")
 @pytest.mark.parametrize("algorithm,why", [
-    ("fused_sentinel", "a 16-byte unit a thread"),
-    ("fused_twoshot_ll", "at most 2 units a thread"),
-    ("fused_twoshot_sentinel", "a row's bytes must be a multiple of 16, and the call must fit one row-wave")])
+    ("fused_sentinel", "sentinel needs rows whose bytes are a multiple of 16 and a call that the "
+                       "decode-shape kernel moves in one round, a 16-byte unit a thread"),
+    ("fused_twoshot_ll", "twoshot_ll needs a call of one row-wave of the kernel's cut, at most 2 "
+                         "units a thread"),
+    ("fused_twoshot_sentinel", "twoshot_sentinel needs rows whose bytes are a multiple of 16 and "
+                               "a call of one row-wave")])
 def test_named_request_it_cannot_serve_is_refused_at_lowering(mesh, monkeypatch, algorithm, why):
   body = lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm=algorithm)
   with pytest.raises(ValueError, match="that exchange cannot serve") as e:

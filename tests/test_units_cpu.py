@@ -323,6 +323,10 @@ def test_codes_come_from_the_extension_and_name_every_signature():
   codes = ext.codes()
   assert {n: s.code for n, s in algorithms.SPECS.items()} == codes["algorithms"]
   assert algorithms.DTYPE_CODES == codes["dtypes"] and algorithms.OP_CODES == codes["ops"]
+  # (the fused kernel's refusals: one text per protocol, the one its errors give)
+  assert algorithms.RMSNORM_REFUSALS == codes["rmsnorm_refusals"]
+  for proto in ("sentinel", "twoshot_ll", "twoshot_sentinel"):
+    assert algorithms.RMSNORM_REFUSALS[proto].startswith(f"{proto} needs ")
   for name, spec in algorithms.SPECS.items():
     for dtype, dcode in codes["dtypes"].items():
       for op, ocode in codes["ops"].items():

@@ -115,9 +115,12 @@ constexpr int64_t kFusedSentinelFromRowBytes = 32 * 1024;
 constexpr int kFusedTwoShotFromRanks = 8;
 constexpr int64_t kFusedTwoShotFromBytes = 128 * 1024;
 constexpr int kRmsNormTwoShotUnits = 2;
-// Why a protocol asked for was refused (launch_all_reduce_rmsnorm's
-// cudaErrorNotSupported): the one text the FFI and the testing tools report.
-extern const char* const kRmsNormRefusal;
+// Why protocol `p`, asked for, cannot serve a call that
+// launch_all_reduce_rmsnorm refuses with cudaErrorNotSupported (its plan has
+// no blocks): the one text that the FFI, the testing tools and Python's
+// lowering (through the module) report. Auto and LL16 serve every call the
+// kernel supports; their text says so.
+const char* rmsnorm_refusal(RmsNormProtocol p);
 // cudaErrorNotSupported when the protocol named cannot serve the call.
 cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const void* x,
                                       const void* residual, const void* weight, void* normed,

@@ -827,12 +827,22 @@ const char* rmsnorm_protocol_name(int code) {
   return code >= 0 && code < kRmsNormProtocolCount ? names[code] : nullptr;
 }
 
-const char* const kRmsNormRefusal =
-    "the protocol asked for cannot serve this call: sentinel needs rows whose bytes are a "
-    "multiple of 16 and a call the decode-shape kernel moves in one round (a 16-byte unit a "
-    "thread); the two-shot exchanges need one row-wave with at most 2 units a thread and an "
-    "owner's chunk within a scratch region (rows' bytes a multiple of 16 for twoshot_sentinel); "
-    "use protocol auto or LL16";
+const char* rmsnorm_refusal(RmsNormProtocol p) {
+  switch (p) {
+    case RmsNormProtocol::kSentinel:
+      return "sentinel needs rows whose bytes are a multiple of 16 and a call that the "
+             "decode-shape kernel moves in one round, a 16-byte unit a thread";
+    case RmsNormProtocol::kTwoShotLL:
+      return "twoshot_ll needs a call of one row-wave of the kernel's cut, at most 2 units a "
+             "thread, an owner's chunk within a scratch region";
+    case RmsNormProtocol::kTwoShotSentinel:
+      return "twoshot_sentinel needs rows whose bytes are a multiple of 16 and a call of one "
+             "row-wave of the kernel's cut, at most 2 units a thread, an owner's chunk within a "
+             "scratch region";
+    default:
+      return "auto and LL16 serve every call the kernel supports";
+  }
+}
 
 std::vector<const void*> rmsnorm_kernel_functions() {
   std::vector<const void*> out = {rmsnorm_fn<float>(), rmsnorm_fn<__nv_bfloat16>(),

@@ -235,9 +235,12 @@ ffi::Error to_rmsnorm_protocol(int32_t code, RmsNormProtocol* out) {
 
 // A fused launch's error: a protocol asked for where it cannot serve is the
 // caller's (InvalidArgument), the rest as launch_error reports them.
-ffi::Error rmsnorm_launch_error(cudaError_t e, Workspace& c, const std::string& what) {
+ffi::Error rmsnorm_launch_error(cudaError_t e, Workspace& c, const std::string& what,
+                                RmsNormProtocol protocol) {
   if (e == cudaErrorNotSupported) {
-    return ffi::Error::InvalidArgument("jaxll: " + what + ": " + kRmsNormRefusal);
+    return ffi::Error::InvalidArgument("jaxll: " + what + ": the protocol asked for cannot serve "
+                                       "this call: " + rmsnorm_refusal(protocol) +
+                                       "; use protocol auto or LL16");
   }
   return launch_error(e, c, what);
 }
@@ -284,7 +287,7 @@ ffi::Error VirtualRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyB
                                      out_at(new_residual->untyped_data(), i), per_rank / hidden,
                                      hidden, eps, r.stream, protocol);
   });
-  if (e != cudaSuccess) return rmsnorm_launch_error(e, *c, "a virtual all_reduce_rmsnorm of " + std::to_string(per_rank) + " elements per rank");
+  if (e != cudaSuccess) return rmsnorm_launch_error(e, *c, "a virtual all_reduce_rmsnorm of " + std::to_string(per_rank) + " elements per rank", protocol);
   return ffi::Error::Success();
 }
 
@@ -357,7 +360,7 @@ ffi::Error RmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x
                                             weight.untyped_data(), normed->untyped_data(),
                                             new_residual->untyped_data(), count / hidden, hidden,
                                             eps, stream, protocol);
-  if (e != cudaSuccess) return rmsnorm_launch_error(e, *c, "an all_reduce_rmsnorm of " + std::to_string(count) + " elements");
+  if (e != cudaSuccess) return rmsnorm_launch_error(e, *c, "an all_reduce_rmsnorm of " + std::to_string(count) + " elements", protocol);
   return ffi::Error::Success();
 }
 

@@ -278,9 +278,13 @@ NB_MODULE(_jaxll, m) {
     nb::dict protocols;  // all_reduce_rmsnorm's exchange (RmsNormProtocol)
     for (int code = 0; code < kRmsNormProtocolCount; ++code) protocols[rmsnorm_protocol_name(code)] = code;
     d["rmsnorm_protocols"] = protocols;
+    nb::dict refusals;  // why each protocol, asked for, may refuse a call (rmsnorm_refusal)
+    for (int code = 0; code < kRmsNormProtocolCount; ++code)
+      refusals[rmsnorm_protocol_name(code)] = rmsnorm_refusal(static_cast<RmsNormProtocol>(code));
+    d["rmsnorm_refusals"] = refusals;
     return d;
   }, "The codes of algorithms, element types, ops and the fused kernel's protocols, by name "
-     "(the one table).");
+     "(the one table), and why each protocol, asked for, may refuse a call.");
   m.def("rmsnorm_plan", [](int64_t id, int dtype, int64_t tokens, int64_t hidden, int protocol) {
     Workspace& c = get_comm(id);
     const Rank* r = nullptr;

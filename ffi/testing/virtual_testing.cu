@@ -454,10 +454,12 @@ std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>&
 }
 
 // A fused launch's error as an exception; a protocol asked for where it cannot
-// serve is the caller's (kRmsNormRefusal).
-void check_rmsnorm_launch(cudaError_t e) {
+// serve is the caller's (rmsnorm_refusal).
+void check_rmsnorm_launch(cudaError_t e, RmsNormProtocol protocol) {
   if (e == cudaErrorNotSupported) {
-    throw std::invalid_argument(std::string("all_reduce_rmsnorm: ") + kRmsNormRefusal);
+    throw std::invalid_argument(std::string("all_reduce_rmsnorm: the protocol asked for cannot "
+                                            "serve this call: ") +
+                                rmsnorm_refusal(protocol) + "; use protocol auto or LL16");
   }
   check_cuda(e, "launching an all_reduce_rmsnorm");
 }
@@ -495,7 +497,8 @@ RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x
     check_rmsnorm_launch(launch_all_reduce_rmsnorm(dtype, comm.rank(0, r).view, dx + r * block,
                                                    dres, dw, dnormed + r * block, dnew + r * block,
                                                    tokens, hidden, eps, comm.rank(0, r).stream,
-                                                   protocol));
+                                                   protocol),
+                         protocol);
   };
   for (int r = 0; r < n; ++r) {
     if (r != absent && r != late) launch(r);
@@ -638,7 +641,7 @@ std::vector<double> virtual_rmsnorm_bench(Workspace& comm, DType dtype, int64_t 
   }
   check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
   if (plan_all_reduce_rmsnorm(dtype, comm.rank(0, 0).view, tokens, hidden, protocol).blocks == 0)
-    check_rmsnorm_launch(cudaErrorNotSupported);
+    check_rmsnorm_launch(cudaErrorNotSupported, protocol);
   return time_graph(comm, iters, reps, [&](int r, cudaStream_t s) {
     return launch_all_reduce_rmsnorm(dtype, comm.rank(0, r).view, x[r], res[r], w, normed[r],
                                      nres[r], tokens, hidden, 1e-6f, s, protocol);
