@@ -7,7 +7,12 @@ residual its residual add; here normed stands in for the next layer's partial
 sums), compiled once, run --runs times back to back with one
 sync at the end (a rep), for --reps reps, the chains taking turns rep by rep;
 the median per step is kept, and beside the ratio of the medians the median of
-the reps' ratios, composed rep over the fused rep timed after it ("paired"). Runs in N
+the reps' ratios, composed rep over the fused rep timed after it ("paired");
+"host" is the part of a step until the calls returned, before the sync: near
+the whole step, the host is what bounds it. Without --donate each run's x and
+residual are new buffers, XLA records its command buffers again at every run
+and the host bounds the steps; --donate keeps the addresses, XLA replays the
+recorded command buffers and the device bounds them. Runs in N
 jax.distributed processes (jaxll.launch; they share GPU 0 where there are fewer
 GPUs), shapes of decode steps (tokens x hidden). --profile adds the device
 time per kernel of one run of each chain (process 0, JAX's profiler).
@@ -82,6 +87,16 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
   return shapes
 
 
+def donation(donate: bool):
+  """(donate_argnums for the chains, fresh(x, r): what a call may be given):
+  with --donate the chains take x and the residual as donated buffers, so
+  each call is given copies (a donated array is gone after the call)."""
+  if not donate:
+    return (), lambda x, r: (x, r)
+  import jax.numpy as jnp
+  return (0, 1), lambda x, r: (jnp.copy(x), jnp.copy(r))
+
+
 def worker(opts) -> None:
   import jax
   if opts.cpu:  # a dry run of the harness on CPU devices (XLA's path everywhere)
@@ -99,6 +114,7 @@ def worker(opts) -> None:
 
   n = jax.device_count()
   mesh = jax.make_mesh((n,), ("tp",))
+  donated, fresh = donation(opts.donate)
 
   def put(full, spec):
     sharding = NamedSharding(mesh, spec)
@@ -112,7 +128,8 @@ def worker(opts) -> None:
     x = put(rng.standard_normal((n * tokens, hidden)).astype(jnp.bfloat16), P("tp"))
     r0 = put(rng.standard_normal((tokens, hidden)).astype(jnp.bfloat16), P())
     w = put(np.ones(hidden, jnp.bfloat16), P())
-    row = {"tokens": tokens, "hidden": hidden, "dtype": "bfloat16", "ranks": n}
+    row = {"tokens": tokens, "hidden": hidden, "dtype": "bfloat16", "ranks": n,
+           "donate": opts.donate}
     composed = "auto" if opts.cpu else opts.composed  # (a forced kernel refuses CPU)
 
     def composed_step(x, r, w):  # jaxll.all_reduce, then XLA's norm math
@@ -128,7 +145,7 @@ def worker(opts) -> None:
           x, r = step(x, r, w)
         return x, r
       f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=(P("tp"), P(), P()),
-                                out_specs=(P("tp"), P()), check_vma=False))
+                                out_specs=(P("tp"), P()), check_vma=False), donate_argnums=donated)
       try:
         row[f"{name}_paths"] = sorted({s.algorithm for s in jaxll.explain(f, x, r0, w)})
         compiled[name] = f.lower(x, r0, w).compile()
@@ -136,15 +153,15 @@ def worker(opts) -> None:
         row[f"{name}_paths"], row[f"{name}_us"] = [f"n/a: {e}"], None
         continue
       launch.barrier()
-      jax.block_until_ready(compiled[name](x, r0, w))
+      jax.block_until_ready(compiled[name](*fresh(x, r0), w))
     # every process times the same chain at once (a barrier before each rep)
     times = time_interleaved(compiled, (x, r0, w), opts.runs, opts.reps, opts.chain,
-                             before_rep=launch.barrier)
+                             before_rep=launch.barrier, donate=opts.donate)
     add_times(row, times)
     for name, f in (compiled.items() if opts.profile else ()):
       def traced(f=f):
         launch.barrier()  # (after the profiler started on process 0: see tp_decode)
-        xs, r = x, r0
+        xs, r = fresh(x, r0)
         for _ in range(2):
           xs, r = f(xs, r, w)
         r.block_until_ready()
@@ -181,30 +198,42 @@ def add_speedups(row: dict, variants: list[str]) -> None:
 
 
 def time_interleaved(compiled: dict, args, runs: int, reps: int, chain: int,
-                     before_rep=None) -> dict[str, list[float]]:
-  """Per compiled chain (name -> executable), the time per step of each of
-  `reps` reps, us; a rep is `runs` back-to-back calls with one sync at the end.
-  The chains take turns rep by rep (composed, fused, ..., composed, ...), so a
-  slow spell of the device falls on all of them rather than on one."""
-  per_step = {name: [] for name in compiled}
+                     before_rep=None, donate: bool = False) -> dict[str, dict[str, list[float]]]:
+  """Per compiled chain (name -> executable), per rep, the time per step
+  ("reps") and the host's share of it ("dispatch": until the last of the
+  calls returned, before the sync), us; a rep is `runs` back-to-back calls
+  with one sync at the end. The chains take turns rep by rep (composed,
+  fused, ..., composed, ...), so a slow spell of the device falls on all of
+  them rather than on one. With `donate` (chains compiled with their x and
+  residual donated) every rep starts from copies of them."""
+  import jax
+  import jax.numpy as jnp
+  out = {name: {"reps": [], "dispatch": []} for name in compiled}
   for _ in range(reps):
     for name, f in compiled.items():
       if before_rep is not None:
         before_rep()
       xs, r, w = args
+      if donate:
+        xs, r = jax.block_until_ready((jnp.copy(xs), jnp.copy(r)))
       t0 = time.perf_counter()
       for _ in range(runs):
         xs, r = f(xs, r, w)
+      t1 = time.perf_counter()
       r.block_until_ready()
-      per_step[name].append((time.perf_counter() - t0) / (runs * chain) * 1e6)
-  return per_step
+      t2 = time.perf_counter()
+      out[name]["reps"].append((t2 - t0) / (runs * chain) * 1e6)
+      out[name]["dispatch"].append((t1 - t0) / (runs * chain) * 1e6)
+  return out
 
 
-def add_times(row: dict, times: dict[str, list[float]]) -> None:
-  """`{name}_us` (median per step) and `{name}_reps_us` (every rep's) per chain."""
-  for name, reps in times.items():
-    row[f"{name}_reps_us"] = reps
-    row[f"{name}_us"] = statistics.median(reps)
+def add_times(row: dict, times: dict[str, dict[str, list[float]]]) -> None:
+  """`{name}_us` (median per step), `{name}_reps_us` (every rep's) and
+  `{name}_dispatch_us` (median of the host's share) per chain."""
+  for name, t in times.items():
+    row[f"{name}_reps_us"] = t["reps"]
+    row[f"{name}_us"] = statistics.median(t["reps"])
+    row[f"{name}_dispatch_us"] = statistics.median(t["dispatch"])
 
 
 def virtual_rows(opts) -> list[dict]:
@@ -222,6 +251,7 @@ def virtual_rows(opts) -> list[dict]:
     dev = jax.devices("cuda")[0]
   except RuntimeError:
     sys.exit("fused_rmsnorm.py --virtual needs a CUDA GPU (virtual ranks run jaxll's kernels)")
+  donated, fresh = donation(opts.donate)
   rows = []
   for n in opts.virtual:
     floor = statistics.median(testing.graph_floor_us(n, iters=opts.graph_iters))
@@ -235,7 +265,7 @@ def virtual_rows(opts) -> list[dict]:
       cb = not opts.no_command_buffer
       t_row = time.perf_counter()
       row = {"mode": "virtual", "tokens": tokens, "hidden": hidden, "dtype": "bfloat16",
-             "ranks": n, "command_buffer": cb}
+             "ranks": n, "command_buffer": cb, "donate": opts.donate}
 
       # (auto: the kernel jaxll.all_reduce's auto table names for this group
       # and size; a virtual call needs one named)
@@ -267,8 +297,8 @@ def virtual_rows(opts) -> list[dict]:
           for _ in range(opts.chain):
             x, r = step(x, r, w)
           return x, r
-        compiled[name] = jax.jit(chain).lower(x, r0, w).compile()
-        jax.block_until_ready(compiled[name](x, r0, w))
+        compiled[name] = jax.jit(chain, donate_argnums=donated).lower(x, r0, w).compile()
+        jax.block_until_ready(compiled[name](*fresh(x, r0), w))
         one[name] = [np.asarray(v.astype(jnp.float32)) for v in jax.jit(step)(x, r0, w)]
         if name in PROTOCOLS:
           row[f"{name}_kernel_us"] = statistics.median(testing.rmsnorm_kernel_time_us(
@@ -280,7 +310,8 @@ def virtual_rows(opts) -> list[dict]:
           row[f"{name}_normed_max_abs_diff"] = float(
               np.max(np.abs(one["composed"][0] - one[name][0])))
       t_timed = time.perf_counter()
-      add_times(row, time_interleaved(compiled, (x, r0, w), opts.runs, opts.reps, opts.chain))
+      add_times(row, time_interleaved(compiled, (x, r0, w), opts.runs, opts.reps, opts.chain,
+                                      donate=opts.donate))
       row["timed_wall_s"] = time.perf_counter() - t_timed
       add_speedups(row, opts.fused)
       row["all_reduce_kernel_us"] = statistics.median(testing.kernel_time_us(
@@ -294,10 +325,11 @@ def virtual_rows(opts) -> list[dict]:
           json.dump({"virtual": opts.virtual, "rows": rows}, f, indent=1)
       fused_text = "; ".join(
           f"{v} n/a" if row[f"{v}_us"] is None else
-          f"{v} {row[f'{v}_us']:7.2f} us, {row[f'{v}_speedup']:.2f}x, paired {row[f'{v}_paired_speedup']:.2f}x (kernel {row[f'{v}_kernel_us']:.2f} us, "
+          f"{v} {row[f'{v}_us']:7.2f} us (host {row[f'{v}_dispatch_us']:.2f}), {row[f'{v}_speedup']:.2f}x, paired {row[f'{v}_paired_speedup']:.2f}x (kernel {row[f'{v}_kernel_us']:.2f} us, "
           f"new_residual equal: {row[f'{v}_new_residual_equal']}, normed max |diff| "
           f"{row[f'{v}_normed_max_abs_diff']:.3g})" for v in opts.fused)
-      print(f"{tokens:3d} x {hidden:5d} bf16, {n} virtual ranks: composed ({ar}) {row['composed_us']:7.2f} us; "
+      print(f"{tokens:3d} x {hidden:5d} bf16, {n} virtual ranks: composed ({ar}) {row['composed_us']:7.2f} us "
+            f"(host {row['composed_dispatch_us']:.2f}); "
             f"{fused_text}; XLA's norm alone {row['xla_norm_us']:.2f} us; kernels above the graph "
             f"floor ({floor:.2f} us), all-reduce ({ar}) {row['all_reduce_kernel_us']:.2f} us", flush=True)
   return rows
@@ -328,6 +360,10 @@ def main() -> None:
                  help="fused variants to time against the composition, comma-separated: "
                       "fused (the kernel's protocol choice), fused_ll, fused_sentinel, "
                       "fused_twoshot_ll, fused_twoshot_sentinel")
+  p.add_argument("--donate", action="store_true",
+                 help="compile the chains with x and the residual donated: the buffers keep their "
+                      "addresses from run to run, so XLA replays its command buffers rather than "
+                      "recording them again at every run, and the host runs ahead of the device")
   p.add_argument("--no-command-buffer", action="store_true",
                  help="--virtual: keep the virtual calls out of XLA's command buffers")
   opts = p.parse_args()
@@ -343,7 +379,7 @@ def main() -> None:
   args = ["--worker", "--chain", str(opts.chain), "--runs", str(opts.runs),
           "--reps", str(opts.reps), "--shapes", ",".join(f"{t}x{h}" for t, h in opts.shapes),
           "--fused", ",".join(opts.fused), "--composed", opts.composed] + (["--cpu"] if opts.cpu else []) + (
-              ["--profile"] if opts.profile else [])
+              ["--profile"] if opts.profile else []) + (["--donate"] if opts.donate else [])
   gpus = [str(i) for i in range(opts.processes)]
   try:
     if opts.cpu:
@@ -363,11 +399,13 @@ def main() -> None:
   for r in rows:
     fused_text = "; ".join(
         f"{v} n/a" if r[f"{v}_us"] is None else
-        f"{v} {r[f'{v}_us']:7.2f} us ({','.join(r[f'{v}_paths'])}), {r[f'{v}_speedup']:.2f}x, "
+        f"{v} {r[f'{v}_us']:7.2f} us (host {r[f'{v}_dispatch_us']:.2f}; {','.join(r[f'{v}_paths'])}), "
+        f"{r[f'{v}_speedup']:.2f}x, "
         f"paired {r[f'{v}_paired_speedup']:.2f}x"
         for v in opts.fused)
     print(f"{r['tokens']:3d} x {r['hidden']:5d} bf16, {r['ranks']} ranks: composed "
-          f"{r['composed_us']:7.2f} us ({','.join(r['composed_paths'])}); {fused_text}; "
+          f"{r['composed_us']:7.2f} us (host {r['composed_dispatch_us']:.2f}; "
+          f"{','.join(r['composed_paths'])}); {fused_text}; "
           f"auto: {','.join(r['auto_paths'])}")
     for name in ["composed"] + opts.fused:
       for kernel, (launches, us) in sorted(r.get(f"{name}_kernels", {}).items(), key=lambda kv: -kv[1][1]):

@@ -273,6 +273,29 @@ def test_fused_benchmark_dry_run_on_cpu(tmp_path):
     ratios = [c / f for c, f in zip(row["composed_reps_us"], row["fused_reps_us"])]
     assert row["fused_paired_speedup"] == pytest.approx(sum(ratios) / 2)
     assert row["fused_speedup"] == pytest.approx(row["composed_us"] / row["fused_us"])
+    # (the host's share: until the calls returned, before the sync)
+    assert 0 < row["fused_dispatch_us"] <= row["fused_us"] and row["donate"] is False
+
+
+def test_fused_benchmark_donate_dry_run_on_cpu(tmp_path):
+  """--donate: the chains take x and the residual donated, every rep (and the
+  warm-up call) given copies, so reps after the first still run."""
+  import json
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "fused.json"
+  r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "fused_rmsnorm.py"), "--cpu",
+                      "--processes", "2", "--chain", "2", "--runs", "2", "--reps", "3", "--donate",
+                      "--shapes", "2x256", "--json", str(out)], capture_output=True, text=True,
+                     cwd=str(tmp_path), timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+  (row,) = json.loads(out.read_text())["rows"]
+  assert row["donate"] is True and (row["tokens"], row["hidden"]) == (2, 256)
+  for name in ("composed", "fused"):
+    assert len(row[f"{name}_reps_us"]) == 3
+    assert 0 < row[f"{name}_dispatch_us"] <= row[f"{name}_us"]
 
 
 def test_fused_benchmark_shapes_option():
