@@ -10,9 +10,10 @@ the median per step is kept, and beside the ratio of the medians the median of
 the reps' ratios, composed rep over the fused rep timed after it ("paired");
 "host" is the part of a step until the calls returned, before the sync: near
 the whole step, the host is what bounds it. Without --donate each run's x and
-residual are new buffers, XLA records its command buffers again at every run
-and the host bounds the steps; --donate keeps the addresses, XLA replays the
-recorded command buffers and the device bounds them. Runs in N
+residual are new buffers and XLA records its command buffers again at every
+run (on one H200 that bound the steps of 2 processes and of virtual ranks, not
+those of 8 processes); --donate keeps the addresses, XLA replays the recorded
+command buffers and the device bounds the steps. Runs in N
 jax.distributed processes (jaxll.launch; they share GPU 0 where there are fewer
 GPUs), shapes of decode steps (tokens x hidden). --profile adds the device
 time per kernel of one run of each chain (process 0, JAX's profiler).
