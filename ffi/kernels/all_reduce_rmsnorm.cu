@@ -132,6 +132,58 @@ __device__ __forceinline__ Segment segment_of(const RmsNormArgs& a) {
   return g;
 }
 
+// Whether all five of the call's arrays are aligned to `w` bytes (the units'
+// vector loads and stores; else element by element).
+__device__ __forceinline__ bool arrays_aligned(const RmsNormArgs& a, int w) {
+  return ((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.residual) |
+           reinterpret_cast<uintptr_t>(a.weight) | reinterpret_cast<uintptr_t>(a.new_residual) |
+           reinterpret_cast<uintptr_t>(a.normed)) % w) == 0;
+}
+
+// The block's part of a call of one row-wave (rmsnorm_lean_kernel,
+// rmsnorm_twoshot_kernel): segment `seg` of row `row`, the row's units
+// [u0, u0 + len); `slots`: the row's blocks add their partial sums through the
+// header's slots, starting from tag `tag0` (read here, before any of this
+// call's packets); `g` the same as rmsnorm_kernel's Segment, for the failure
+// paths they share.
+struct WaveBlock {
+  int seg, row, u0, len;
+  bool slots;
+  uint64_t tag0;
+  Segment g;
+};
+
+__device__ __forceinline__ WaveBlock wave_block(const RmsNormArgs& a, const RankView& v) {
+  WaveBlock b;
+  b.seg = static_cast<int>(blockIdx.x) % a.segments;
+  b.row = static_cast<int>(blockIdx.x) / a.segments;
+  const int span = static_cast<int>(a.seg_span);
+  b.u0 = b.seg * span;
+  b.len = min(static_cast<int>(a.row_units) - b.u0, span);
+  b.slots = a.segments > 1 && !a.clustered;
+  b.tag0 = b.slots ? *reinterpret_cast<volatile uint64_t*>(&v.header->norm_tag) : 0;
+  b.g.u0 = b.u0;
+  b.g.u1 = b.u0 + b.len;
+  b.g.group = b.row;
+  b.g.rows = 1;
+  return b;
+}
+
+// The last block of the call moves the tag past this call's `waves`
+// row-waves, so that the next call's packets never match a stale one (only
+// calls that used the header's slots: the others leave both the slots and the
+// tag as they were). Thread 0 of every block calls it after its last packet.
+__device__ __forceinline__ void end_slot_waves(const RankView& v, bool slots, uint64_t tag0,
+                                               uint64_t waves) {
+  if (slots && threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&v.header->norm_done, 1ull) == gridDim.x - 1) {
+      v.header->norm_done = 0;
+      v.header->norm_tag = tag0 + waves;
+    }
+  }
+}
+
 // (W: the bytes of the units g counts in)
 template <class T, int W = 8>
 __device__ __forceinline__ void poison_segments(const RmsNormArgs& a, const Segment& g) {
@@ -291,6 +343,26 @@ __device__ __forceinline__ void cluster_drain(const RmsNormArgs& a, const Segmen
   }
 }
 
+// A block of a one-row-wave call (wave_block) that gives up: poisons its
+// segment and, clustered, still takes part in its row's exchange (cluster_drain).
+// The caller returns after it.
+template <class T, int W>
+__device__ __forceinline__ void wave_give_up(const RmsNormArgs& a, const Segment& g, bool* entered) {
+  poison_segments<T, W>(a, g);
+  if (a.clustered) cluster_drain(a, g, 0, entered);
+}
+
+// The row's sum of squares in a one-row-wave call from this block's `part`:
+// its own where the row is one segment, else from the cluster's siblings or
+// through the header's slots (tag tag0 + 1), as row_total and cluster_row_total.
+__device__ __forceinline__ float wave_row_total(const RmsNormArgs& a, const Segment& g, float part,
+                                                uint64_t tag0, uint64_t epoch, bool* ok,
+                                                bool* entered) {
+  return a.segments == 1 ? part
+         : a.clustered   ? cluster_row_total(part, 0, a.segments, ok, entered)
+                         : row_total(a, g, part, tag0 + 1, 0, epoch, ok);
+}
+
 // new_residual's unit: the reduced sum plus the residual, added in float32
 // and rounded once; the squares of the rounded values go into *squares.
 template <class T, int W = 8>
@@ -340,9 +412,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
   const T* w = static_cast<const T*>(a.weight);
   T* nres = static_cast<T*>(a.new_residual);
   T* normed = static_cast<T*>(a.normed);
-  const bool vec = ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(res) |
-                     reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(nres) |
-                     reinterpret_cast<uintptr_t>(normed)) % 8) == 0;
+  const bool vec = arrays_aligned(a, 8);
   bool entered = false;  // (clustered: this thread has waited out the entry barrier)
   if (a.clustered) cluster_entry_arrive();
   collective_prologue(a.base);
@@ -434,16 +504,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
     }
   }
   JAXLL_PHASE(4);  // the norm is written
-  // The last block of the call moves the tag past this call's row-waves, so
-  // the next call's packets never match a stale one (only calls that used the
-  // slots: the others leave both the slots and the tag as they were).
-  if (slots && threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&v.header->norm_done, 1ull) == gridDim.x - 1) {
-      v.header->norm_done = 0;
-      v.header->norm_tag = tag0 + static_cast<uint64_t>(a.waves);
-    }
-  }
+  end_slot_waves(v, slots, tag0, static_cast<uint64_t>(a.waves));
   if (block_failed(ok)) poison_segments<T>(a, g);
   JAXLL_PHASE(5);
 }
@@ -469,25 +530,16 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_k
   constexpr int W = unit_bytes<P>();
   const RankView& v = a.base.view;
   const int n = NR > 0 ? NR : v.nranks;
-  const bool vec = ((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.residual) |
-                     reinterpret_cast<uintptr_t>(a.weight) | reinterpret_cast<uintptr_t>(a.new_residual) |
-                     reinterpret_cast<uintptr_t>(a.normed)) % W) == 0;
+  const bool vec = arrays_aligned(a, W);
   bool entered = false;
   if (a.clustered) cluster_entry_arrive();
   collective_prologue(a.base);
   JAXLL_PHASE(0);
-  const int seg = static_cast<int>(blockIdx.x) % a.segments;
-  const int row = static_cast<int>(blockIdx.x) / a.segments;
-  const int span = static_cast<int>(a.seg_span);
-  const int u0 = seg * span;
-  const int len = min(static_cast<int>(a.row_units) - u0, span);
-  const bool slots = a.segments > 1 && !a.clustered;
-  const uint64_t tag0 = slots ? *reinterpret_cast<volatile uint64_t*>(&v.header->norm_tag) : 0;
-  Segment g;  // (for the failure paths shared with rmsnorm_kernel)
-  g.u0 = u0;
-  g.u1 = u0 + len;
-  g.group = row;
-  g.rows = 1;
+  const WaveBlock wb = wave_block(a, v);
+  const int row = wb.row, u0 = wb.u0, len = wb.len;
+  const bool slots = wb.slots;
+  const uint64_t tag0 = wb.tag0;
+  Segment g = wb.g;
   if (row >= a.tokens) __trap();  // (a lean plan has one row-wave: every block has its row)
   // This thread's unit of x, the residual and the weight, loaded before the
   // epochs so that the latencies overlap.
@@ -504,8 +556,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_k
   const BlockStart bs = block_begin(v, 1u);
   JAXLL_PHASE(1);
   if (bs.had_error) {
-    poison_segments<T, W>(a, g);
-    if (a.clustered) cluster_drain(a, g, 0, &entered);
+    wave_give_up<T, W>(a, g, &entered);
     return;
   }
   const int sig_lane = !v.signatures || n == 1 ? 0 : signature_lane(n);
@@ -539,14 +590,10 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_k
   JAXLL_PHASE(2);
   const float part = block_sum_ok(squares, &ok, false);
   if (!ok) {
-    poison_segments<T, W>(a, g);
-    if (a.clustered) cluster_drain(a, g, 0, &entered);
+    wave_give_up<T, W>(a, g, &entered);
     return;
   }
-  const float total =
-      a.segments == 1 ? part
-      : a.clustered   ? cluster_row_total(part, 0, a.segments, &ok, &entered)
-                      : row_total(a, g, part, tag0 + 1, 0, epoch, &ok);
+  const float total = wave_row_total(a, g, part, tag0, epoch, &ok, &entered);
   const float inv = rsqrtf(total / static_cast<float>(a.hidden) + a.eps);
   JAXLL_PHASE(3);
   if (mine) {
@@ -554,13 +601,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_k
     store_unit<T, W>(static_cast<T*>(a.normed), at, count, vec, ok ? out : poison_unit<W>());
   }
   JAXLL_PHASE(4);
-  if (slots && threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&v.header->norm_done, 1ull) == gridDim.x - 1) {
-      v.header->norm_done = 0;
-      v.header->norm_tag = tag0 + 1;
-    }
-  }
+  end_slot_waves(v, slots, tag0, 1);
   if (block_failed(ok)) poison_segments<T, W>(a, g);
   JAXLL_PHASE(5);
 }
@@ -605,27 +646,18 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_twosho
   const RankView& v = a.base.view;
   const int n = NR > 0 ? NR : v.nranks;
   const int rank = v.rank;
-  const bool vec = ((reinterpret_cast<uintptr_t>(a.x) | reinterpret_cast<uintptr_t>(a.residual) |
-                     reinterpret_cast<uintptr_t>(a.weight) | reinterpret_cast<uintptr_t>(a.new_residual) |
-                     reinterpret_cast<uintptr_t>(a.normed)) % W) == 0;
+  const bool vec = arrays_aligned(a, W);
   bool entered = false;
   if (a.clustered) cluster_entry_arrive();
   collective_prologue(a.base);
   JAXLL_PHASE(0);
-  const int seg = static_cast<int>(blockIdx.x) % a.segments;
-  const int row = static_cast<int>(blockIdx.x) / a.segments;
-  const int span = static_cast<int>(a.seg_span);
-  const int u0 = seg * span;
-  const int len = min(static_cast<int>(a.row_units) - u0, span);
+  const WaveBlock wb = wave_block(a, v);
+  const int row = wb.row, u0 = wb.u0, len = wb.len;
+  const bool slots = wb.slots;
+  const uint64_t tag0 = wb.tag0;
+  Segment g = wb.g;
   const int c = (len + n - 1) / n;  // units per chunk (the last chunks padded)
   const int padded = n * c;
-  const bool slots = a.segments > 1 && !a.clustered;
-  const uint64_t tag0 = slots ? *reinterpret_cast<volatile uint64_t*>(&v.header->norm_tag) : 0;
-  Segment g;  // (for the failure paths shared with rmsnorm_kernel)
-  g.u0 = u0;
-  g.u1 = u0 + len;
-  g.group = row;
-  g.rows = 1;
   if (row >= a.tokens || padded > K * static_cast<int>(blockDim.x)) __trap();  // (plan and launch disagree)
   const size_t at = static_cast<size_t>(row) * static_cast<size_t>(a.row_units) + u0;
   const int64_t count = a.tokens * a.hidden;
@@ -644,8 +676,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_twosho
   const BlockStart bs = block_begin(v, 1u);
   JAXLL_PHASE(1);
   if (bs.had_error) {
-    poison_segments<T, W>(a, g);
-    if (a.clustered) cluster_drain(a, g, 0, &entered);
+    wave_give_up<T, W>(a, g, &entered);
     return;
   }
   const int sig_lane = !v.signatures || n == 1 ? 0 : twoshot_signature_lane(rank, n, c, padded);
@@ -720,14 +751,10 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_twosho
   // (the call's only round: no fence; block_sum_ok's barrier ends it)
   const float part = block_sum_ok(squares, &ok, false);
   if (!ok) {
-    poison_segments<T, W>(a, g);
-    if (a.clustered) cluster_drain(a, g, 0, &entered);
+    wave_give_up<T, W>(a, g, &entered);
     return;
   }
-  const float total =
-      a.segments == 1 ? part
-      : a.clustered   ? cluster_row_total(part, 0, a.segments, &ok, &entered)
-                      : row_total(a, g, part, tag0 + 1, 0, epoch, &ok);
+  const float total = wave_row_total(a, g, part, tag0, epoch, &ok, &entered);
   const float inv = rsqrtf(total / static_cast<float>(a.hidden) + a.eps);
   JAXLL_PHASE(3);
 #pragma unroll
@@ -739,13 +766,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_twosho
     }
   }
   JAXLL_PHASE(4);
-  if (slots && threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&v.header->norm_done, 1ull) == gridDim.x - 1) {
-      v.header->norm_done = 0;
-      v.header->norm_tag = tag0 + 1;
-    }
-  }
+  end_slot_waves(v, slots, tag0, 1);
   if (block_failed(ok)) poison_segments<T, W>(a, g);
   JAXLL_PHASE(5);
 }
