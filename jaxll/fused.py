@@ -56,7 +56,11 @@ COMPOSED = "composed"
 # Measured on one H200 with 2 and 8 processes sharing it (bfloat16, hidden 4096
 # and 8192): 1.17-1.65x faster than the composition from 8 KiB to 128 KiB,
 # 0.95-1.14x at 256 KiB, at most 1.0x from 512 KiB (one exception, 1.24x).
-# Not measured across GPUs.
+# Not measured across GPUs. (The runs cited here and below gave the chains new
+# input buffers every run, so XLA recorded its command buffers again each time
+# and the host's cost, which bounded the 2-process and virtual-rank steps, is in
+# them; with the inputs donated, device-bound, session 15 measured 1.31-1.50x
+# at 1-16 tokens, 8 KiB to 256 KiB, with 2 and 8 processes: benchmarks/README.md.)
 FUSED_AUTO_MAX_BYTES = 128 * 1024
 # ... and, for the group sizes listed, up to this many where the kernel runs on
 # the sentinel exchange (its decode-shape cut; the kernel's own protocol
