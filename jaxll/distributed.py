@@ -89,8 +89,8 @@ def shares_gpu(members: list[dict]) -> bool:
 
 
 def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
-  """Builds the comm for `groups` (lists of jax Devices, some in other
-  processes) in process `me`. Returns (comm id, ordinals with -1 for remote
+  """Builds the workspace for `groups` (lists of jax Devices, some in other
+  processes) in process `me`. Returns (workspace id, ordinals with -1 for remote
   ranks). Raises DistributedSetupError with a reason shared by all processes."""
   client = _client()
   if client is None:
@@ -135,9 +135,9 @@ def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
     if failures:
       raise DistributedSetupError(f"{step} failed: " + "; ".join(failures))
 
-  comm = None
+  ws_id = None
   try:
-    comm = ext.create_workspace([list(g) for g in ordinals], False, int(config.scratch_bytes),
+    ws_id = ext.create_workspace([list(g) for g in ordinals], False, int(config.scratch_bytes),
                            int(config.timeout_ms), max_blocks, shares_gpu(members))
     status = "ok"
   except Exception as e:  # reported to every process
@@ -148,7 +148,7 @@ def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
     # that cannot export publishes empty handles, so nobody waits for it.
     status = "ok"
     try:
-      exported = ext.workspace_ipc_handles(comm)
+      exported = ext.workspace_ipc_handles(ws_id)
     except Exception as e:  # reported to every process
       exported = [b""] * len(local)
       status = f"process {me}: {e}"
@@ -159,12 +159,12 @@ def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
                   client.blocking_key_value_get_bytes(f"{prefix}/ipc/{d.id}", timeout)
                   for d in g] for g in groups]
       if status == "ok":
-        ext.workspace_connect(comm, handles)
+        ext.workspace_connect(ws_id, handles)
     except Exception as e:  # reported to every process
       status = f"process {me}: {e}"
     agree("connect", status)
   except BaseException:
-    if comm is not None:
-      ext.free_workspace(comm)
+    if ws_id is not None:
+      ext.free_workspace(ws_id)
     raise
-  return comm, ordinals
+  return ws_id, ordinals

@@ -591,7 +591,7 @@ def _note_workspace_for_check(ctx, workspace: int) -> None:
           "jaxll_check",
           result_types=[ir.RankedTensorType.get([1], ir.IntegerType.get_unsigned(32))],
           operands=[],
-          backend_config={"comms": mlir.ir_attribute(np.asarray([workspace], np.int64))},
+          backend_config={"workspaces": mlir.ir_attribute(np.asarray([workspace], np.int64))},
           has_side_effect=True, api_version=4)
     if top_level:
       # outside a manual (shard_map) region a side-effecting op needs a
@@ -602,7 +602,7 @@ def _note_workspace_for_check(ctx, workspace: int) -> None:
   if workspace not in ids:
     ids.append(workspace)
     op.operation.attributes["mhlo.backend_config"] = ir.DictAttr.get(
-        {"comms": mlir.ir_attribute(np.asarray(ids, np.int64))})
+        {"workspaces": mlir.ir_attribute(np.asarray(ids, np.int64))})
 
 
 def emit_ordered_call(ctx, target: str, operands, *, workspace: int, **attributes) -> list:

@@ -135,16 +135,16 @@ def get_workspace(ordinals: Sequence[Sequence[int]], device_ids: Sequence[Sequen
   with _lock:
     ws = _registry.get(key)
     if ws is None:
-      comm = ext.create_workspace([list(g) for g in ordinals], virtual,
+      ws_id = ext.create_workspace([list(g) for g in ordinals], virtual,
                              int(config.scratch_bytes), int(config.timeout_ms))
-      ws = _describe(comm, virtual, device_ids, ordinals, config)
+      ws = _describe(ws_id, virtual, device_ids, ordinals, config)
       _registry[key] = ws
     return ws
 
 
-def _describe(comm, virtual, device_ids, ordinals, config, distributed=False) -> Workspace:
-  info = ext.workspace_info(comm)
-  return Workspace(id=comm, virtual=virtual, device_ids=device_ids, ordinals=ordinals,
+def _describe(ws_id, virtual, device_ids, ordinals, config, distributed=False) -> Workspace:
+  info = ext.workspace_info(ws_id)
+  return Workspace(id=ws_id, virtual=virtual, device_ids=device_ids, ordinals=ordinals,
                    config=config, round_bytes=int(info["round_bytes"]),
                    region_bytes=int(info["region_bytes"]),
                    bytes_per_rank=int(info["bytes_per_rank"]),
@@ -167,8 +167,8 @@ def get_distributed_workspace(groups, *, config: WorkspaceConfig | None = None) 
   with _lock:
     ws = _registry.get(key)
     if ws is None:
-      comm, ordinals = distributed.build(groups, me, config)
-      ws = _describe(comm, False, device_ids, ordinals, config, distributed=True)
+      ws_id, ordinals = distributed.build(groups, me, config)
+      ws = _describe(ws_id, False, device_ids, ordinals, config, distributed=True)
       _registry[key] = ws
     return ws
 

@@ -430,7 +430,7 @@ def test_program_starts_with_one_host_check_of_every_workspace(mesh1, monkeypatc
   checks = re.findall(r"stablehlo\.custom_call @jaxll_check\(\).*", text)
   assert len(checks) == 1, checks
   assert "has_side_effect = true" in checks[0]
-  assert re.search(r"comms = dense<\[7, 9\]> : tensor<2xi64>", checks[0]), checks[0]
+  assert re.search(r"workspaces = dense<\[7, 9\]> : tensor<2xi64>", checks[0]), checks[0]
   # it comes first in the shard_map body, outside the loop
   assert text.index("@jaxll_check") < text.index("@jaxll_all_reduce")
   assert text.index("@jaxll_check") < text.index("stablehlo.while")

@@ -134,7 +134,7 @@ def _run_processes(monkeypatch, hosts, fail=None):
   """Runs distributed.build for a group of one GPU per process (len(hosts)
   processes, process p on host hosts[p]) in threads; `fail` = (step, process)
   makes that process's create_workspace ("build") or workspace_connect ("connect") raise.
-  Returns per process: the result or the exception, and the comms it freed."""
+  Returns per process: the result or the exception, and the workspaces it freed."""
   store, local = _Store(), threading.local()
 
   class PerProcess(dict):  # each process numbers its workspaces on its own

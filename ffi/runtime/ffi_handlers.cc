@@ -85,13 +85,13 @@ ffi::Error launch_error(cudaError_t e, const Workspace& c, const std::string& wh
                               " (" + cudaGetErrorString(e) + ")");
 }
 
-// The rank of workspace `comm_id` on device `ordinal`, ready for a call: it
+// The rank of workspace `workspace_id` on device `ordinal`, ready for a call: it
 // exists, the device is a member, and no kernel recorded an error there.
-ffi::Error find_rank(int64_t comm_id, int32_t ordinal, Workspace** comm, Rank** rank) {
-  Workspace* c = workspace_lookup(comm_id);
+ffi::Error find_rank(int64_t workspace_id, int32_t ordinal, Workspace** ws, Rank** rank) {
+  Workspace* c = workspace_lookup(workspace_id);
   if (c == nullptr) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "jaxll: workspace " + std::to_string(comm_id) +
+                      "jaxll: workspace " + std::to_string(workspace_id) +
                           " does not exist (freed by jaxll.free_workspaces()?); call the "
                           "jitted function again after clearing JAX's caches "
                           "(jax.clear_caches()) so it is lowered anew");
@@ -100,12 +100,12 @@ ffi::Error find_rank(int64_t comm_id, int32_t ordinal, Workspace** comm, Rank** 
   if (r == nullptr || !c->connected()) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jaxll: CUDA device " + std::to_string(ordinal) +
-                          " is not a member of workspace " + std::to_string(comm_id));
+                          " is not a member of workspace " + std::to_string(workspace_id));
   }
   if (uint64_t word = c->error_word(*r)) {
     return ffi::Error(ffi::ErrorCode::kAborted, c->describe_error(*r, word));
   }
-  *comm = c;
+  *ws = c;
   *rank = r;
   return ffi::Error::Success();
 }
@@ -115,11 +115,11 @@ ffi::Error find_rank(int64_t comm_id, int32_t ordinal, Workspace** comm, Rank** 
 // read or written here.
 ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
                             ffi::AnyBuffer /*order*/, ffi::Result<ffi::AnyBuffer> y,
-                            ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t comm_id,
+                            ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t workspace_id,
                             int64_t algorithm, int64_t op) {
   Workspace* c = nullptr;
   Rank* r = nullptr;
-  if (ffi::Error e = find_rank(comm_id, ordinal, &c, &r); e.failure()) return e;
+  if (ffi::Error e = find_rank(workspace_id, ordinal, &c, &r); e.failure()) return e;
   if (ffi::Error e = check_call(algorithm, op); e.failure()) return e;
   DType dtype;
   if (ffi::Error e = to_dtype(x.element_type(), &dtype); e.failure()) return e;
@@ -150,18 +150,18 @@ bool rmsnorm_operands_match(const ffi::AnyBuffer& x, const ffi::AnyBuffer& resid
          static_cast<int64_t>(weight.element_count()) == hidden;
 }
 
-// The virtual-rank workspace `comm_id` on device `ordinal`, unless it is gone,
+// The virtual-rank workspace `workspace_id` on device `ordinal`, unless it is gone,
 // lives elsewhere or a rank of it has recorded an error.
-ffi::Error find_virtual(int64_t comm_id, int32_t ordinal, Workspace** out) {
-  Workspace* c = workspace_lookup(comm_id);
+ffi::Error find_virtual(int64_t workspace_id, int32_t ordinal, Workspace** out) {
+  Workspace* c = workspace_lookup(workspace_id);
   if (c == nullptr || !c->virtual_ranks()) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "jaxll: virtual-rank workspace " + std::to_string(comm_id) +
+                      "jaxll: virtual-rank workspace " + std::to_string(workspace_id) +
                           " does not exist (freed?)");
   }
   if (c->rank(0, 0).ordinal != ordinal) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "jaxll: virtual-rank workspace " + std::to_string(comm_id) +
+                      "jaxll: virtual-rank workspace " + std::to_string(workspace_id) +
                           " lives on CUDA device " + std::to_string(c->rank(0, 0).ordinal) +
                           " but the call runs on device " + std::to_string(ordinal));
   }
@@ -192,10 +192,10 @@ cudaError_t fork_ranks(Workspace& c, cudaStream_t stream, int64_t skip_rank, Lau
 }
 
 ffi::Error VirtualAllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
-                                   ffi::Result<ffi::AnyBuffer> y, int64_t comm_id,
+                                   ffi::Result<ffi::AnyBuffer> y, int64_t workspace_id,
                                    int64_t algorithm, int64_t op, int64_t skip_rank) {
   Workspace* c = nullptr;
-  if (ffi::Error e = find_virtual(comm_id, ordinal, &c); e.failure()) return e;
+  if (ffi::Error e = find_virtual(workspace_id, ordinal, &c); e.failure()) return e;
   const int n = c->group_size();
   if (ffi::Error e = check_call(algorithm, op); e.failure()) return e;
   DType dtype;
@@ -251,10 +251,10 @@ ffi::Error rmsnorm_launch_error(cudaError_t e, Workspace& c, const std::string& 
 ffi::Error VirtualRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
                                  ffi::AnyBuffer residual, ffi::AnyBuffer weight,
                                  ffi::Result<ffi::AnyBuffer> normed,
-                                 ffi::Result<ffi::AnyBuffer> new_residual, int64_t comm_id,
+                                 ffi::Result<ffi::AnyBuffer> new_residual, int64_t workspace_id,
                                  float eps, int32_t protocol_code) {
   Workspace* c = nullptr;
-  if (ffi::Error e = find_virtual(comm_id, ordinal, &c); e.failure()) return e;
+  if (ffi::Error e = find_virtual(workspace_id, ordinal, &c); e.failure()) return e;
   RmsNormProtocol protocol;
   if (ffi::Error e = to_rmsnorm_protocol(protocol_code, &protocol); e.failure()) return e;
   const int n = c->group_size();
@@ -295,8 +295,8 @@ ffi::Error VirtualRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyB
 // trait, so XLA never records it): fails the run when one of the workspaces the
 // program's kernel calls use is gone or holds an error. Reads only host memory.
 // `order_out` is the first link of the program's order chain; never written.
-ffi::Error CheckExecute(ffi::Result<ffi::AnyBuffer> /*order_out*/, ffi::Span<const int64_t> comms) {
-  for (int64_t id : comms) {
+ffi::Error CheckExecute(ffi::Result<ffi::AnyBuffer> /*order_out*/, ffi::Span<const int64_t> workspaces) {
+  for (int64_t id : workspaces) {
     Workspace* c = workspace_lookup(id);
     if (c == nullptr) {
       return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
@@ -331,11 +331,11 @@ ffi::Error RmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x
                           ffi::AnyBuffer residual, ffi::AnyBuffer weight, ffi::AnyBuffer /*order*/,
                           ffi::Result<ffi::AnyBuffer> normed,
                           ffi::Result<ffi::AnyBuffer> new_residual,
-                          ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t comm_id, float eps,
+                          ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t workspace_id, float eps,
                           int32_t protocol_code) {
   Workspace* c = nullptr;
   Rank* r = nullptr;
-  if (ffi::Error e = find_rank(comm_id, ordinal, &c, &r); e.failure()) return e;
+  if (ffi::Error e = find_rank(workspace_id, ordinal, &c, &r); e.failure()) return e;
   RmsNormProtocol protocol;
   if (ffi::Error e = to_rmsnorm_protocol(protocol_code, &protocol); e.failure()) return e;
   DType dtype;
@@ -369,11 +369,11 @@ ffi::Error RmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x
 // group size; x and y of one element type; `order` as for jaxll_all_reduce.
 ffi::Error GatherScatterExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
                                 ffi::AnyBuffer /*order*/, ffi::Result<ffi::AnyBuffer> y,
-                                ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t comm_id,
+                                ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t workspace_id,
                                 int64_t collective, int64_t algorithm) {
   Workspace* c = nullptr;
   Rank* r = nullptr;
-  if (ffi::Error e = find_rank(comm_id, ordinal, &c, &r); e.failure()) return e;
+  if (ffi::Error e = find_rank(workspace_id, ordinal, &c, &r); e.failure()) return e;
   const Collective kind = static_cast<Collective>(collective);
   if (kind != Collective::kAllGather && kind != Collective::kReduceScatter) {
     return ffi::Error::InvalidArgument("jaxll: unknown collective code " + std::to_string(collective));
@@ -488,7 +488,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_virtual_all_reduce_rmsnorm_graph_handler, Vi
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_check_handler, CheckExecute,
                               ffi::Ffi::Bind()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<ffi::Span<const int64_t>>("comms"));
+                                  .Attr<ffi::Span<const int64_t>>("workspaces"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_device_ordinal_handler, DeviceOrdinalExecute,
                               ffi::Ffi::Bind()

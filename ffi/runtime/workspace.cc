@@ -601,8 +601,8 @@ Workspace::~Workspace() { release(); }
 // Registry
 
 namespace {
-constexpr int kMaxComms = 4096;
-std::atomic<Workspace*> g_comms[kMaxComms];
+constexpr int kMaxWorkspaces = 4096;
+std::atomic<Workspace*> g_workspaces[kMaxWorkspaces];
 std::mutex g_mu;
 int g_next_id = 1;
 }  // namespace
@@ -610,23 +610,23 @@ int g_next_id = 1;
 int workspace_create(const std::vector<std::vector<int>>& groups, bool virtual_ranks,
                 const WorkspaceConfig& config, int max_blocks_agreed) {
   std::lock_guard<std::mutex> lock(g_mu);
-  if (g_next_id >= kMaxComms) throw std::runtime_error("too many jaxll workspaces created");
+  if (g_next_id >= kMaxWorkspaces) throw std::runtime_error("too many jaxll workspaces created");
   const int id = g_next_id;
   std::unique_ptr<Workspace> c = Workspace::Create(id, groups, virtual_ranks, config, max_blocks_agreed);
   ++g_next_id;
-  g_comms[id].store(c.release(), std::memory_order_release);
+  g_workspaces[id].store(c.release(), std::memory_order_release);
   return id;
 }
 
 Workspace* workspace_lookup(int64_t id) {
-  if (id <= 0 || id >= kMaxComms) return nullptr;
-  return g_comms[id].load(std::memory_order_acquire);
+  if (id <= 0 || id >= kMaxWorkspaces) return nullptr;
+  return g_workspaces[id].load(std::memory_order_acquire);
 }
 
 bool workspace_free(int64_t id) {
   std::lock_guard<std::mutex> lock(g_mu);
-  if (id <= 0 || id >= kMaxComms) return false;
-  Workspace* c = g_comms[id].exchange(nullptr, std::memory_order_acq_rel);
+  if (id <= 0 || id >= kMaxWorkspaces) return false;
+  Workspace* c = g_workspaces[id].exchange(nullptr, std::memory_order_acq_rel);
   delete c;
   return c != nullptr;
 }
@@ -639,7 +639,7 @@ std::vector<int> workspace_ids() {
   std::vector<int> ids;
   std::lock_guard<std::mutex> lock(g_mu);
   for (int i = 1; i < g_next_id; ++i) {
-    if (g_comms[i].load(std::memory_order_acquire)) ids.push_back(i);
+    if (g_workspaces[i].load(std::memory_order_acquire)) ids.push_back(i);
   }
   return ids;
 }

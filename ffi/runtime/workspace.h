@@ -72,7 +72,7 @@ class Workspace {
   int group_count() const { return static_cast<int>(groups_.size()); }
   int group_size() const { return groups_.empty() ? 0 : static_cast<int>(groups_[0].size()); }
   Rank& rank(int group, int r) const { return *groups_[group][r]; }
-  // The rank a (non-virtual) comm runs on CUDA device `ordinal`, or null.
+  // The rank a (non-virtual) workspace runs on CUDA device `ordinal`, or null.
   Rank* rank_for_ordinal(int ordinal) const;
 
   const ScratchGeometry& geometry() const { return geo_; }
@@ -90,7 +90,7 @@ class Workspace {
 
   // Error word of a rank as last written by its kernels (0: none).
   uint64_t error_word(const Rank& r) const;
-  // A sentence describing an error word of this comm (with the signatures of a
+  // A sentence describing an error word of this workspace (with the signatures of a
   // mismatch from the rank's error record).
   std::string describe_error(const Rank& r, uint64_t word) const;
 

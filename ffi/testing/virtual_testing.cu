@@ -198,17 +198,17 @@ class Buffers {
   std::vector<void*> ptrs_;
 };
 
-std::string first_error(Workspace& comm) {
-  for (int i = 0; i < comm.group_size(); ++i) {
-    Rank& r = comm.rank(0, i);
-    if (uint64_t w = comm.error_word(r)) return comm.describe_error(r, w);
+std::string first_error(Workspace& ws) {
+  for (int i = 0; i < ws.group_size(); ++i) {
+    Rank& r = ws.rank(0, i);
+    if (uint64_t w = ws.error_word(r)) return ws.describe_error(r, w);
   }
   return "";
 }
 
-void sync_ranks(Workspace& comm) {
-  for (int i = 0; i < comm.group_size(); ++i)
-    check_cuda(cudaStreamSynchronize(comm.rank(0, i).stream), "waiting for a virtual rank");
+void sync_ranks(Workspace& ws) {
+  for (int i = 0; i < ws.group_size(); ++i)
+    check_cuda(cudaStreamSynchronize(ws.rank(0, i).stream), "waiting for a virtual rank");
 }
 
 bool reproducible(Algorithm a) { return a != Algorithm::kTwoShotLL128Atomic; }
@@ -219,10 +219,10 @@ float accumulation_eps() {
 }
 
 template <class T, class Op>
-StressResult stress_typed(Workspace& comm, const std::vector<Algorithm>& algorithms, DType dtype,
+StressResult stress_typed(Workspace& ws, const std::vector<Algorithm>& algorithms, DType dtype,
                           ReduceOp op, const std::vector<int64_t>& counts, uint64_t seed,
                           int max_delay_us) {
-  const int n = comm.group_size();
+  const int n = ws.group_size();
   const int64_t max_count = counts.empty() ? 1 : *std::max_element(counts.begin(), counts.end());
   const int64_t buf_len = kGuardFront + max_count + 1 + kGuardBack;
   const uint32_t guard = sizeof(T) == 2 ? 0xA5A5u : 0xA5A5A5A5u;
@@ -256,7 +256,7 @@ StressResult stress_typed(Workspace& comm, const std::vector<Algorithm>& algorit
     const Algorithm algorithm = algorithms[c % algorithms.size()];
     const int64_t off = kGuardFront + ((c % 4 == 3) ? 1 : 0);  // every 4th call misaligned
     for (int r = 0; r < n; ++r) {
-      cudaStream_t s = comm.rank(0, r).stream;
+      cudaStream_t s = ws.rank(0, r).stream;
       fill_bits_kernel<T><<<grid, threads, 0, s>>>(out[r], buf_len, guard);
       gen_kernel<T><<<grid, threads, 0, s>>>(in[r] + off, count, seed, c, r);
       const uint64_t h = mix64(seed ^ (c * 131 + r));
@@ -265,31 +265,31 @@ StressResult stress_typed(Workspace& comm, const std::vector<Algorithm>& algorit
       }
     }
     for (int r = 0; r < n; ++r) {
-      check_cuda(launch_all_reduce(algorithm, dtype, op, comm.rank(0, r).view, in[r] + off,
-                                   out[r] + off, count, comm.rank(0, r).stream),
+      check_cuda(launch_all_reduce(algorithm, dtype, op, ws.rank(0, r).view, in[r] + off,
+                                   out[r] + off, count, ws.rank(0, r).stream),
                  "launching an all-reduce of " + std::to_string(count) + " elements");
     }
     if (reproducible(algorithm)) {
       for (int r = 0; r < n; ++r) {
-        check_kernel<T, Op><<<grid, threads, 0, comm.rank(0, r).stream>>>(
+        check_kernel<T, Op><<<grid, threads, 0, ws.rank(0, r).stream>>>(
             out[r], buf_len, off, count, n, seed, c, r, guard, mm);
       }
     } else {
       // Compare all ranks' outputs on rank 0's stream, then let every rank go on.
-      cudaStream_t s0 = comm.rank(0, 0).stream;
+      cudaStream_t s0 = ws.rank(0, 0).stream;
       for (int r = 1; r < n; ++r) {
-        check_cuda(cudaEventRecord(events[r], comm.rank(0, r).stream), "recording an event");
+        check_cuda(cudaEventRecord(events[r], ws.rank(0, r).stream), "recording an event");
         check_cuda(cudaStreamWaitEvent(s0, events[r], 0), "joining the ranks");
       }
       check_close_kernel<T><<<grid, threads, 0, s0>>>(outs, buf_len, off, count, n, seed, c,
                                                         guard, accumulation_eps<T>(), mm);
       check_cuda(cudaEventRecord(events[n], s0), "recording an event");
       for (int r = 1; r < n; ++r)
-        check_cuda(cudaStreamWaitEvent(comm.rank(0, r).stream, events[n], 0), "forking the ranks");
+        check_cuda(cudaStreamWaitEvent(ws.rank(0, r).stream, events[n], 0), "forking the ranks");
     }
     check_cuda(cudaGetLastError(), "launching the stress kernels");
   }
-  sync_ranks(comm);
+  sync_ranks(ws);
   Mismatch h{};
   check_cuda(cudaMemcpy(&h, mm, sizeof(h), cudaMemcpyDeviceToHost), "reading the mismatch record");
   StressResult res;
@@ -302,18 +302,18 @@ StressResult stress_typed(Workspace& comm, const std::vector<Algorithm>& algorit
     res.got_bits = h.got;
     res.want_bits = h.want;
   }
-  res.error = first_error(comm);
-  for (int i = 0; i < n; ++i) res.rank_errors.push_back(comm.error_word(comm.rank(0, i)));
+  res.error = first_error(ws);
+  for (int i = 0; i < n; ++i) res.rank_errors.push_back(ws.error_word(ws.rank(0, i)));
   return res;
 }
 
 template <class T>
-StressResult stress_op(Workspace& comm, const std::vector<Algorithm>& a, DType d, ReduceOp op,
+StressResult stress_op(Workspace& ws, const std::vector<Algorithm>& a, DType d, ReduceOp op,
                        const std::vector<int64_t>& counts, uint64_t seed, int delay) {
   switch (op) {
-    case ReduceOp::kSum: return stress_typed<T, SumOp>(comm, a, d, op, counts, seed, delay);
-    case ReduceOp::kMax: return stress_typed<T, MaxOp>(comm, a, d, op, counts, seed, delay);
-    case ReduceOp::kMin: return stress_typed<T, MinOp>(comm, a, d, op, counts, seed, delay);
+    case ReduceOp::kSum: return stress_typed<T, SumOp>(ws, a, d, op, counts, seed, delay);
+    case ReduceOp::kMax: return stress_typed<T, MaxOp>(ws, a, d, op, counts, seed, delay);
+    case ReduceOp::kMin: return stress_typed<T, MinOp>(ws, a, d, op, counts, seed, delay);
   }
   throw std::runtime_error("unknown reduction");
 }
@@ -321,8 +321,8 @@ StressResult stress_op(Workspace& comm, const std::vector<Algorithm>& a, DType d
 // Captures `iters` rounds of `enqueue(rank, stream)` on every rank's stream into
 // one graph, replays it `reps` times and returns microseconds per round.
 template <class Enqueue>
-std::vector<double> time_graph(Workspace& comm, int iters, int reps, Enqueue&& enqueue) {
-  const int n = comm.group_size();
+std::vector<double> time_graph(Workspace& ws, int iters, int reps, Enqueue&& enqueue) {
+  const int n = ws.group_size();
   cudaStream_t origin;
   check_cuda(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), "creating a stream");
   cudaGraph_t graph = nullptr;
@@ -338,20 +338,20 @@ std::vector<double> time_graph(Workspace& comm, int iters, int reps, Enqueue&& e
   };
   try {
     check_cuda(cudaStreamBeginCapture(origin, cudaStreamCaptureModeThreadLocal), "capturing");
-    check_cuda(cudaEventRecord(comm.fork_event(), origin), "capturing the fork");
+    check_cuda(cudaEventRecord(ws.fork_event(), origin), "capturing the fork");
     for (int r = 0; r < n; ++r)
-      check_cuda(cudaStreamWaitEvent(comm.rank(0, r).stream, comm.fork_event(), 0), "capturing");
+      check_cuda(cudaStreamWaitEvent(ws.rank(0, r).stream, ws.fork_event(), 0), "capturing");
     for (int k = 0; k < iters; ++k)
-      for (int r = 0; r < n; ++r) check_cuda(enqueue(r, comm.rank(0, r).stream), "capturing a call");
+      for (int r = 0; r < n; ++r) check_cuda(enqueue(r, ws.rank(0, r).stream), "capturing a call");
     for (int r = 0; r < n; ++r) {
-      check_cuda(cudaEventRecord(comm.rank(0, r).done, comm.rank(0, r).stream), "capturing");
-      check_cuda(cudaStreamWaitEvent(origin, comm.rank(0, r).done, 0), "capturing the join");
+      check_cuda(cudaEventRecord(ws.rank(0, r).done, ws.rank(0, r).stream), "capturing");
+      check_cuda(cudaStreamWaitEvent(origin, ws.rank(0, r).done, 0), "capturing the join");
     }
     check_cuda(cudaStreamEndCapture(origin, &graph), "ending the capture");
     check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiating the graph");
     check_cuda(cudaGraphLaunch(exec, origin), "launching the graph");
     check_cuda(cudaStreamSynchronize(origin), "running the graph");
-    const std::string err = first_error(comm);
+    const std::string err = first_error(ws);
     if (!err.empty()) throw std::runtime_error(err);
     check_cuda(cudaEventCreate(&start), "creating an event");
     check_cuda(cudaEventCreate(&stop), "creating an event");
@@ -364,7 +364,7 @@ std::vector<double> time_graph(Workspace& comm, int iters, int reps, Enqueue&& e
       check_cuda(cudaEventElapsedTime(&ms, start, stop), "timing");
       out.push_back(ms * 1000.0 / iters);
     }
-    const std::string err2 = first_error(comm);
+    const std::string err2 = first_error(ws);
     if (!err2.empty()) throw std::runtime_error(err2);
   } catch (...) {
     cudaStreamCaptureStatus st;
@@ -393,9 +393,9 @@ void append_typed_kernels(std::vector<const void*>& out) {
 
 }  // namespace
 
-std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>& calls) {
-  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_calls needs a virtual-rank workspace");
-  const int n = comm.group_size();
+std::vector<int64_t> virtual_calls(Workspace& ws, const std::vector<RankCall>& calls) {
+  if (!ws.virtual_ranks()) throw std::runtime_error("virtual_calls needs a virtual-rank workspace");
+  const int n = ws.group_size();
   if (static_cast<int>(calls.size()) != n) {
     throw std::runtime_error("virtual_calls needs one call per rank (" + std::to_string(n) + ")");
   }
@@ -405,7 +405,7 @@ std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>&
       throw std::runtime_error("virtual_calls: no kernel for an algorithm/dtype/op combination");
     }
   }
-  DeviceGuard guard(comm.rank(0, 0).ordinal);
+  DeviceGuard guard(ws.rank(0, 0).ordinal);
   Buffers bufs;
   std::vector<void*> in(n), out(n);
   auto* counts = static_cast<unsigned long long*>(bufs.alloc(n * sizeof(unsigned long long)));
@@ -425,9 +425,9 @@ std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>&
   auto launch = [&](int r) {
     const RankCall& c = calls[r];
     for (int k = 0; c.delay_us > 0 && k < c.delay_kernels; ++k)
-      delay_kernel<<<1, 1, 0, comm.rank(0, r).stream>>>(static_cast<uint64_t>(c.delay_us) * 1000);
-    check_cuda(launch_all_reduce(c.algorithm, c.dtype, c.op, comm.rank(0, r).view, in[r], out[r],
-                                 c.count, comm.rank(0, r).stream),
+      delay_kernel<<<1, 1, 0, ws.rank(0, r).stream>>>(static_cast<uint64_t>(c.delay_us) * 1000);
+    check_cuda(launch_all_reduce(c.algorithm, c.dtype, c.op, ws.rank(0, r).view, in[r], out[r],
+                                 c.count, ws.rank(0, r).stream),
                "launching an all-reduce");
   };
   bool any_late = false;
@@ -441,12 +441,12 @@ std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>&
     if (!calls[r].skip && calls[r].delay_us > 0) launch(r);
   }
   for (int r = 0; r < n; ++r) {
-    count_poison_kernel<<<64, 256, 0, comm.rank(0, r).stream>>>(
+    count_poison_kernel<<<64, 256, 0, ws.rank(0, r).stream>>>(
         static_cast<const unsigned char*>(out[r]), calls[r].count, dtype_bytes(calls[r].dtype),
         counts + r);
   }
   check_cuda(cudaGetLastError(), "launching the checks");
-  sync_ranks(comm);
+  sync_ranks(ws);
   std::vector<unsigned long long> host(n);
   check_cuda(cudaMemcpy(host.data(), counts, n * sizeof(unsigned long long), cudaMemcpyDeviceToHost),
              "reading the counters");
@@ -464,12 +464,12 @@ void check_rmsnorm_launch(cudaError_t e, RmsNormProtocol protocol) {
   check_cuda(e, "launching an all_reduce_rmsnorm");
 }
 
-RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x,
+RmsNormResult virtual_rmsnorm(Workspace& ws, DType dtype, const std::string& x,
                               const std::string& residual, const std::string& weight,
                               int64_t tokens, int64_t hidden, float eps, int absent,
                               int late, int64_t delay_us, RmsNormProtocol protocol) {
-  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_rmsnorm needs a virtual-rank workspace");
-  const int n = comm.group_size();
+  if (!ws.virtual_ranks()) throw std::runtime_error("virtual_rmsnorm needs a virtual-rank workspace");
+  const int n = ws.group_size();
   const size_t row_bytes = static_cast<size_t>(hidden) * dtype_bytes(dtype);
   const size_t block = row_bytes * static_cast<size_t>(tokens);
   if (tokens <= 0 || hidden <= 0 || x.size() != block * n || residual.size() != block ||
@@ -477,10 +477,10 @@ RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x
     throw std::runtime_error("virtual_rmsnorm: x must hold (ranks, tokens, hidden), residual "
                              "(tokens, hidden) and weight (hidden,) elements");
   }
-  if (const char* problem = rmsnorm_unsupported(dtype, hidden, comm.rank(0, 0).view)) {
+  if (const char* problem = rmsnorm_unsupported(dtype, hidden, ws.rank(0, 0).view)) {
     throw std::runtime_error(std::string("virtual_rmsnorm: unsupported ") + problem);
   }
-  DeviceGuard guard(comm.rank(0, 0).ordinal);
+  DeviceGuard guard(ws.rank(0, 0).ordinal);
   Buffers bufs;
   char* dx = static_cast<char*>(bufs.alloc(block * n));
   char* dres = static_cast<char*>(bufs.alloc(block));
@@ -494,9 +494,9 @@ RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x
   check_cuda(cudaMemset(dnew, 0, block * n), "clearing outputs");
   check_cuda(cudaDeviceSynchronize(), "preparing the calls");
   auto launch = [&](int r) {
-    check_rmsnorm_launch(launch_all_reduce_rmsnorm(dtype, comm.rank(0, r).view, dx + r * block,
+    check_rmsnorm_launch(launch_all_reduce_rmsnorm(dtype, ws.rank(0, r).view, dx + r * block,
                                                    dres, dw, dnormed + r * block, dnew + r * block,
-                                                   tokens, hidden, eps, comm.rank(0, r).stream,
+                                                   tokens, hidden, eps, ws.rank(0, r).stream,
                                                    protocol),
                          protocol);
   };
@@ -507,12 +507,12 @@ RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x
     // the late rank's delay kernel is queued once the others' calls spin on the
     // GPU, as virtual_calls does: it must find room among their blocks
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    delay_kernel<<<1, 1, 0, comm.rank(0, late).stream>>>(static_cast<uint64_t>(delay_us) * 1000);
+    delay_kernel<<<1, 1, 0, ws.rank(0, late).stream>>>(static_cast<uint64_t>(delay_us) * 1000);
     launch(late);
   }
-  sync_ranks(comm);
+  sync_ranks(ws);
   RmsNormResult out;
-  out.error = first_error(comm);
+  out.error = first_error(ws);
   if (!out.error.empty() && absent < 0) throw std::runtime_error(out.error);
   out.normed.assign(block * n, '\0');
   out.new_residual.assign(block * n, '\0');
@@ -522,16 +522,16 @@ RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x
   return out;
 }
 
-GatherScatterResult virtual_gather_scatter(Workspace& comm, Collective c, Algorithm algorithm,
+GatherScatterResult virtual_gather_scatter(Workspace& ws, Collective c, Algorithm algorithm,
                                            DType dtype, const std::string& x, int64_t count) {
-  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_gather_scatter needs a virtual-rank workspace");
+  if (!ws.virtual_ranks()) throw std::runtime_error("virtual_gather_scatter needs a virtual-rank workspace");
   if (c != Collective::kAllGather && c != Collective::kReduceScatter) {
     throw std::runtime_error("virtual_gather_scatter: the collective must be all_gather or psum_scatter");
   }
   if (!has_gather_scatter_kernel(c, algorithm, dtype)) {
     throw std::runtime_error("virtual_gather_scatter: no kernel for this algorithm and dtype");
   }
-  const int n = comm.group_size();
+  const int n = ws.group_size();
   const size_t piece = static_cast<size_t>(count) * dtype_bytes(dtype);
   const bool gather = c == Collective::kAllGather;
   const size_t in_bytes = gather ? piece : piece * n;    // per rank
@@ -539,7 +539,7 @@ GatherScatterResult virtual_gather_scatter(Workspace& comm, Collective c, Algori
   if (count <= 0 || x.size() != in_bytes * n) {
     throw std::runtime_error("virtual_gather_scatter: x must hold every rank's input back to back");
   }
-  DeviceGuard guard(comm.rank(0, 0).ordinal);
+  DeviceGuard guard(ws.rank(0, 0).ordinal);
   Buffers bufs;
   char* dx = static_cast<char*>(bufs.alloc(in_bytes * n));
   char* dy = static_cast<char*>(bufs.alloc(out_bytes * n));
@@ -547,13 +547,13 @@ GatherScatterResult virtual_gather_scatter(Workspace& comm, Collective c, Algori
   check_cuda(cudaMemset(dy, 0, out_bytes * n), "clearing outputs");
   check_cuda(cudaDeviceSynchronize(), "preparing the calls");
   for (int r = 0; r < n; ++r) {
-    check_cuda(launch_gather_scatter(c, algorithm, dtype, comm.rank(0, r).view, dx + r * in_bytes,
-                                     dy + r * out_bytes, count, comm.rank(0, r).stream),
+    check_cuda(launch_gather_scatter(c, algorithm, dtype, ws.rank(0, r).view, dx + r * in_bytes,
+                                     dy + r * out_bytes, count, ws.rank(0, r).stream),
                "launching a gather/scatter");
   }
-  sync_ranks(comm);
+  sync_ranks(ws);
   GatherScatterResult out;
-  out.error = first_error(comm);
+  out.error = first_error(ws);
   out.y.assign(out_bytes * n, '\0');
   check_cuda(cudaMemcpy(out.y.data(), dy, out_bytes * n, cudaMemcpyDeviceToHost), "reading outputs");
   return out;
@@ -570,10 +570,10 @@ std::vector<const void*> testing_kernel_functions() {
   return out;
 }
 
-StressResult virtual_stress(Workspace& comm, const std::vector<Algorithm>& algorithm, DType dtype,
+StressResult virtual_stress(Workspace& ws, const std::vector<Algorithm>& algorithm, DType dtype,
                             ReduceOp op, const std::vector<int64_t>& counts, uint64_t seed,
                             int max_delay_us) {
-  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_stress needs a virtual-rank workspace");
+  if (!ws.virtual_ranks()) throw std::runtime_error("virtual_stress needs a virtual-rank workspace");
   if (algorithm.empty()) throw std::runtime_error("virtual_stress needs at least one algorithm");
   for (Algorithm a : algorithm) {
     if (!has_kernel(a, dtype, op)) throw std::runtime_error("virtual_stress: no kernel for an algorithm/dtype/op combination");
@@ -581,23 +581,23 @@ StressResult virtual_stress(Workspace& comm, const std::vector<Algorithm>& algor
   for (int64_t c : counts) {
     if (c <= 0) throw std::runtime_error("element counts must be positive");
   }
-  DeviceGuard guard(comm.rank(0, 0).ordinal);
+  DeviceGuard guard(ws.rank(0, 0).ordinal);
   switch (dtype) {
-    case DType::kF32: return stress_op<float>(comm, algorithm, dtype, op, counts, seed, max_delay_us);
+    case DType::kF32: return stress_op<float>(ws, algorithm, dtype, op, counts, seed, max_delay_us);
     case DType::kBF16:
-      return stress_op<__nv_bfloat16>(comm, algorithm, dtype, op, counts, seed, max_delay_us);
-    case DType::kF16: return stress_op<__half>(comm, algorithm, dtype, op, counts, seed, max_delay_us);
-    case DType::kI32: return stress_op<int32_t>(comm, algorithm, dtype, op, counts, seed, max_delay_us);
+      return stress_op<__nv_bfloat16>(ws, algorithm, dtype, op, counts, seed, max_delay_us);
+    case DType::kF16: return stress_op<__half>(ws, algorithm, dtype, op, counts, seed, max_delay_us);
+    case DType::kI32: return stress_op<int32_t>(ws, algorithm, dtype, op, counts, seed, max_delay_us);
   }
   throw std::runtime_error("unknown dtype");
 }
 
-std::vector<double> virtual_bench(Workspace& comm, Algorithm algorithm, DType dtype, ReduceOp op,
+std::vector<double> virtual_bench(Workspace& ws, Algorithm algorithm, DType dtype, ReduceOp op,
                                   int64_t count, int iters, int reps) {
-  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_bench needs a virtual-rank workspace");
+  if (!ws.virtual_ranks()) throw std::runtime_error("virtual_bench needs a virtual-rank workspace");
   if (count <= 0 || iters <= 0 || reps <= 0) throw std::runtime_error("count, iters and reps must be positive");
-  DeviceGuard guard(comm.rank(0, 0).ordinal);
-  const int n = comm.group_size();
+  DeviceGuard guard(ws.rank(0, 0).ordinal);
+  const int n = ws.group_size();
   const size_t bytes = static_cast<size_t>(count) * dtype_bytes(dtype);
   Buffers bufs;
   std::vector<void*> in(n), out(n);
@@ -608,23 +608,23 @@ std::vector<double> virtual_bench(Workspace& comm, Algorithm algorithm, DType dt
     check_cuda(cudaMemset(in[r], 0x11, bytes), "filling inputs");
   }
   check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
-  return time_graph(comm, iters, reps, [&](int r, cudaStream_t s) {
-    return launch_all_reduce(algorithm, dtype, op, comm.rank(0, r).view, in[r], out[r], count, s);
+  return time_graph(ws, iters, reps, [&](int r, cudaStream_t s) {
+    return launch_all_reduce(algorithm, dtype, op, ws.rank(0, r).view, in[r], out[r], count, s);
   });
 }
 
-std::vector<double> virtual_rmsnorm_bench(Workspace& comm, DType dtype, int64_t tokens,
+std::vector<double> virtual_rmsnorm_bench(Workspace& ws, DType dtype, int64_t tokens,
                                           int64_t hidden, int iters, int reps,
                                           RmsNormProtocol protocol) {
-  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_rmsnorm_bench needs a virtual-rank workspace");
+  if (!ws.virtual_ranks()) throw std::runtime_error("virtual_rmsnorm_bench needs a virtual-rank workspace");
   if (tokens <= 0 || hidden <= 0 || iters <= 0 || reps <= 0) {
     throw std::runtime_error("tokens, hidden, iters and reps must be positive");
   }
-  if (const char* problem = rmsnorm_unsupported(dtype, hidden, comm.rank(0, 0).view)) {
+  if (const char* problem = rmsnorm_unsupported(dtype, hidden, ws.rank(0, 0).view)) {
     throw std::runtime_error(std::string("virtual_rmsnorm_bench: unsupported ") + problem);
   }
-  DeviceGuard guard(comm.rank(0, 0).ordinal);
-  const int n = comm.group_size();
+  DeviceGuard guard(ws.rank(0, 0).ordinal);
+  const int n = ws.group_size();
   const size_t bytes = static_cast<size_t>(tokens * hidden) * dtype_bytes(dtype);
   Buffers bufs;
   void* w = bufs.alloc(static_cast<size_t>(hidden) * dtype_bytes(dtype));
@@ -640,23 +640,23 @@ std::vector<double> virtual_rmsnorm_bench(Workspace& comm, DType dtype, int64_t 
     check_cuda(cudaMemset(res[r], 0x11, bytes), "filling inputs");
   }
   check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
-  if (plan_all_reduce_rmsnorm(dtype, comm.rank(0, 0).view, tokens, hidden, protocol).blocks == 0)
+  if (plan_all_reduce_rmsnorm(dtype, ws.rank(0, 0).view, tokens, hidden, protocol).blocks == 0)
     check_rmsnorm_launch(cudaErrorNotSupported, protocol);
-  return time_graph(comm, iters, reps, [&](int r, cudaStream_t s) {
-    return launch_all_reduce_rmsnorm(dtype, comm.rank(0, r).view, x[r], res[r], w, normed[r],
+  return time_graph(ws, iters, reps, [&](int r, cudaStream_t s) {
+    return launch_all_reduce_rmsnorm(dtype, ws.rank(0, r).view, x[r], res[r], w, normed[r],
                                      nres[r], tokens, hidden, 1e-6f, s, protocol);
   });
 }
 
-std::vector<double> virtual_gather_scatter_bench(Workspace& comm, Collective c, Algorithm algorithm,
+std::vector<double> virtual_gather_scatter_bench(Workspace& ws, Collective c, Algorithm algorithm,
                                                  DType dtype, int64_t count, int iters, int reps) {
-  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_gather_scatter_bench needs a virtual-rank workspace");
+  if (!ws.virtual_ranks()) throw std::runtime_error("virtual_gather_scatter_bench needs a virtual-rank workspace");
   if (count <= 0 || iters <= 0 || reps <= 0) throw std::runtime_error("count, iters and reps must be positive");
   if (!has_gather_scatter_kernel(c, algorithm, dtype)) {
     throw std::runtime_error("virtual_gather_scatter_bench: no kernel for this collective, algorithm and dtype");
   }
-  DeviceGuard guard(comm.rank(0, 0).ordinal);
-  const int n = comm.group_size();
+  DeviceGuard guard(ws.rank(0, 0).ordinal);
+  const int n = ws.group_size();
   const size_t piece = static_cast<size_t>(count) * dtype_bytes(dtype);
   const size_t in_bytes = c == Collective::kAllGather ? piece : piece * n;
   const size_t out_bytes = c == Collective::kAllGather ? piece * n : piece;
@@ -668,15 +668,15 @@ std::vector<double> virtual_gather_scatter_bench(Workspace& comm, Collective c, 
     check_cuda(cudaMemset(in[r], 0x11, in_bytes), "filling inputs");
   }
   check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
-  return time_graph(comm, iters, reps, [&](int r, cudaStream_t s) {
-    return launch_gather_scatter(c, algorithm, dtype, comm.rank(0, r).view, in[r], out[r], count, s);
+  return time_graph(ws, iters, reps, [&](int r, cudaStream_t s) {
+    return launch_gather_scatter(c, algorithm, dtype, ws.rank(0, r).view, in[r], out[r], count, s);
   });
 }
 
-std::vector<double> virtual_floor(Workspace& comm, int iters, int reps) {
-  if (!comm.virtual_ranks()) throw std::runtime_error("virtual_floor needs a virtual-rank workspace");
-  DeviceGuard guard(comm.rank(0, 0).ordinal);
-  return time_graph(comm, iters, reps, [&](int, cudaStream_t s) { return launch_empty(s); });
+std::vector<double> virtual_floor(Workspace& ws, int iters, int reps) {
+  if (!ws.virtual_ranks()) throw std::runtime_error("virtual_floor needs a virtual-rank workspace");
+  DeviceGuard guard(ws.rank(0, 0).ordinal);
+  return time_graph(ws, iters, reps, [&](int, cudaStream_t s) { return launch_empty(s); });
 }
 
 }  // namespace jaxll

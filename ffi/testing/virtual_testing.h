@@ -25,7 +25,7 @@ struct StressResult {
   std::vector<uint64_t> rank_errors;  // every rank's error word (0: none), in rank order
 };
 
-// Runs counts.size() consecutive all-reduces on every virtual rank of `comm`
+// Runs counts.size() consecutive all-reduces on every virtual rank of `ws`
 // (call i uses algorithms[i % size]), each rank on its own stream with no
 // synchronisation between ranks other than the all-reduce itself (random
 // delays skew the ranks further). Inputs are a deterministic hash of (seed,
@@ -33,18 +33,18 @@ struct StressResult {
 // checked on the device: bit for bit against the same reduction computed in
 // rank order, or, for LL128-atomic (not reproducible), against the float64 sum
 // within n * eps * sum|x| and bitwise equal across ranks.
-StressResult virtual_stress(Workspace& comm, const std::vector<Algorithm>& algorithms, DType dtype,
+StressResult virtual_stress(Workspace& ws, const std::vector<Algorithm>& algorithms, DType dtype,
                             ReduceOp op, const std::vector<int64_t>& counts, uint64_t seed,
                             int max_delay_us);
 
 // Kernel time of one all-reduce, in microseconds, once per repetition: a CUDA
 // graph holds `iters` consecutive calls on every rank's stream (no joins between
 // calls) and is replayed `reps` times under CUDA events.
-std::vector<double> virtual_bench(Workspace& comm, Algorithm algorithm, DType dtype, ReduceOp op,
+std::vector<double> virtual_bench(Workspace& ws, Algorithm algorithm, DType dtype, ReduceOp op,
                                   int64_t count, int iters, int reps);
 
 // The same graph with an empty kernel per rank and call: the graph-node floor.
-std::vector<double> virtual_floor(Workspace& comm, int iters, int reps);
+std::vector<double> virtual_floor(Workspace& ws, int iters, int reps);
 
 // One rank's part in virtual_calls.
 struct RankCall {
@@ -59,15 +59,15 @@ struct RankCall {
                           // while those calls spin)
 };
 
-// Fault injection: one all-reduce per virtual rank of `comm`, each rank with
+// Fault injection: one all-reduce per virtual rank of `ws`, each rank with
 // its own arguments (ranks may disagree, skip or be late), inputs filled with
 // 0x11 bytes, outputs zeroed before. Waits for every rank, then returns for
 // each rank the number of its output elements that hold the poison pattern
 // (all-ones bits) and whether its output was left untouched (skipped ranks).
-std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>& calls);
+std::vector<int64_t> virtual_calls(Workspace& ws, const std::vector<RankCall>& calls);
 
 // The fused all-reduce + residual + RMSNorm kernel on every virtual rank of
-// `comm`: x holds every rank's (tokens, hidden) block back to back (rank-major),
+// `ws`: x holds every rank's (tokens, hidden) block back to back (rank-major),
 // residual and weight are shared; returns (normed, new_residual) of every rank,
 // rank-major, as raw bytes, and the first recorded error. Rank `absent` (if
 // >= 0) makes no call: the others give up, and their outputs and the error
@@ -77,32 +77,32 @@ std::vector<int64_t> virtual_calls(Workspace& comm, const std::vector<RankCall>&
 struct RmsNormResult {
   std::string normed, new_residual, error;
 };
-RmsNormResult virtual_rmsnorm(Workspace& comm, DType dtype, const std::string& x,
+RmsNormResult virtual_rmsnorm(Workspace& ws, DType dtype, const std::string& x,
                               const std::string& residual, const std::string& weight,
                               int64_t tokens, int64_t hidden, float eps, int absent = -1,
                               int late = -1, int64_t delay_us = 0,
                               RmsNormProtocol protocol = RmsNormProtocol::kAuto);
 
 // One all-gather or reduce-scatter (pieces of `count` elements) on every virtual
-// rank of `comm`: x holds every rank's input back to back (all-gather: one piece
+// rank of `ws`: x holds every rank's input back to back (all-gather: one piece
 // each; reduce-scatter: nranks pieces each); returns every rank's output back to
 // back and the first recorded error ("" if none).
 struct GatherScatterResult {
   std::string y, error;
 };
-GatherScatterResult virtual_gather_scatter(Workspace& comm, Collective c, Algorithm algorithm,
+GatherScatterResult virtual_gather_scatter(Workspace& ws, Collective c, Algorithm algorithm,
                                            DType dtype, const std::string& x, int64_t count);
 
 // Per-call time (us) of the fused all-reduce + residual + RMSNorm kernel on
 // every virtual rank (tokens x hidden per rank), measured as virtual_bench
 // measures the all-reduce's.
-std::vector<double> virtual_rmsnorm_bench(Workspace& comm, DType dtype, int64_t tokens,
+std::vector<double> virtual_rmsnorm_bench(Workspace& ws, DType dtype, int64_t tokens,
                                           int64_t hidden, int iters, int reps,
                                           RmsNormProtocol protocol = RmsNormProtocol::kAuto);
 
 // Per-call time (us) of the all-gather or reduce-scatter kernel on every
 // virtual rank, measured as virtual_bench measures the all-reduce's.
-std::vector<double> virtual_gather_scatter_bench(Workspace& comm, Collective c, Algorithm algorithm,
+std::vector<double> virtual_gather_scatter_bench(Workspace& ws, Collective c, Algorithm algorithm,
                                                  DType dtype, int64_t count, int iters, int reps);
 
 // The kernels these tools launch. Workspace::Create loads them with the collective
