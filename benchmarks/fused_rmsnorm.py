@@ -157,7 +157,7 @@ def worker(opts) -> None:
       jax.block_until_ready(compiled[name](*fresh(x, r0), w))
     # every process times the same chain at once (a barrier before each rep)
     times = time_interleaved(compiled, (x, r0, w), opts.runs, opts.reps, opts.chain,
-                             before_rep=launch.barrier, donate=opts.donate)
+                             before_rep=launch.barrier, fresh=fresh)
     add_times(row, times)
     for name, f in (compiled.items() if opts.profile else ()):
       def traced(f=f):
@@ -199,24 +199,23 @@ def add_speedups(row: dict, variants: list[str]) -> None:
 
 
 def time_interleaved(compiled: dict, args, runs: int, reps: int, chain: int,
-                     before_rep=None, donate: bool = False) -> dict[str, dict[str, list[float]]]:
+                     before_rep=None, fresh=None) -> dict[str, dict[str, list[float]]]:
   """Per compiled chain (name -> executable), per rep, the time per step
   ("reps") and the host's share of it ("dispatch": until the last of the
   calls returned, before the sync), us; a rep is `runs` back-to-back calls
   with one sync at the end. The chains take turns rep by rep (composed,
   fused, ..., composed, ...), so a slow spell of the device falls on all of
-  them rather than on one. With `donate` (chains compiled with their x and
-  residual donated) every rep starts from copies of them."""
+  them rather than on one. `fresh(x, r)`: what a rep starts from (donation's:
+  copies, ready before the rep's clock starts)."""
   import jax
-  import jax.numpy as jnp
   out = {name: {"reps": [], "dispatch": []} for name in compiled}
   for _ in range(reps):
     for name, f in compiled.items():
       if before_rep is not None:
         before_rep()
       xs, r, w = args
-      if donate:
-        xs, r = jax.block_until_ready((jnp.copy(xs), jnp.copy(r)))
+      if fresh is not None:
+        xs, r = jax.block_until_ready(fresh(xs, r))
       t0 = time.perf_counter()
       for _ in range(runs):
         xs, r = f(xs, r, w)
@@ -312,7 +311,7 @@ def virtual_rows(opts) -> list[dict]:
               np.max(np.abs(one["composed"][0] - one[name][0])))
       t_timed = time.perf_counter()
       add_times(row, time_interleaved(compiled, (x, r0, w), opts.runs, opts.reps, opts.chain,
-                                      donate=opts.donate))
+                                      fresh=fresh))
       row["timed_wall_s"] = time.perf_counter() - t_timed
       add_speedups(row, opts.fused)
       row["all_reduce_kernel_us"] = statistics.median(testing.kernel_time_us(
