@@ -103,10 +103,11 @@ struct RmsNormArgs {
 };
 
 // (phases builds of the test harness only) JAXLL_FUSED_SKIP=bits leaves parts
-// of the two-shot kernel out, to time what each costs in back-to-back calls
-// (harness mode "graph"; the results are then wrong): 2 the norm (the kernel
-// ends after new_residual), 4 the all-gather's waits, 8 the reduce-scatter's
-// waits, 16 the stores of normed and new_residual.
+// of the two-shot kernel (and bit 2 of the decode-shape kernel too) out, to
+// time what each costs in back-to-back calls (harness mode "graph"; the
+// results are then wrong): 2 the norm (the kernel ends after new_residual), 4
+// the all-gather's waits, 8 the reduce-scatter's waits, 16 the stores of
+// normed and new_residual.
 
 #ifdef JAXLL_FUSED_PHASES
 #define JAXLL_SKIP(bit) ((a.skip & (bit)) != 0)
@@ -343,24 +344,143 @@ __device__ __forceinline__ void cluster_drain(const RmsNormArgs& a, const Segmen
   }
 }
 
+// --- The one-row-wave kernels' row total over a cluster -------------------------
+// In a one-row-wave call (rmsnorm_lean_kernel, rmsnorm_twoshot_kernel) each
+// block of a clustered row makes one exchange, so it can do without the block
+// sum's two barriers and the cluster barrier (whose arrive releases every
+// earlier store of the thread at cluster scope): 0.1-0.5 us a call less on
+// one H200 (session 16, benchmarks/README.md). Every warp sends its partial
+// sum of squares and whether it failed to every sibling with st.async into
+// slot [segment][warp] of the sibling's shared memory, and each block waits
+// on its own mbarrier, which completes once all S x warps slots have landed.
+// Every thread then adds the same slots in the same order (per lane, then the
+// warp's xor tree, which gives every lane the same bits), so every block and
+// rank gets the same total.
+// The mbarrier is initialised at kernel entry and made visible to the siblings
+// by the entry arrive (wave_cluster_begin) and the wait before the first
+// exchange; a block only waits for what lands in its own shared memory, and it
+// leaves only once every sibling's stores into it have landed, so no store
+// reaches a block that has left. Every block of the cluster sends exactly once
+// (a block that gave up sends its failure: wave_give_up), else its siblings
+// would wait forever (as on the cluster barrier it replaces).
+struct WaveClusterSlots {
+  alignas(8) unsigned long long bar;
+  float2 slot[kClusterSegments][kBlockThreads / 32];  // (partial, failed as float bits)
+};
+
+__device__ __forceinline__ WaveClusterSlots& wave_cluster_slots() {
+  __shared__ WaveClusterSlots s;
+  return s;
+}
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Every thread of a clustered one-row-wave block calls it at kernel entry.
+__device__ __forceinline__ void wave_cluster_begin(int segments) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t blocks;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(blocks));
+  if (blocks != static_cast<uint32_t>(segments)) __trap();  // launch/plan disagree
+  WaveClusterSlots& s = wave_cluster_slots();
+  if (threadIdx.x == 0) {
+    const uint32_t bar = shared_address(&s.bar);
+    const uint32_t bytes = static_cast<uint32_t>(segments) * (blockDim.x / 32) * sizeof(float2);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+#endif
+  cluster_entry_arrive();
+}
+
+// The row's sum of squares from every thread's `squares` over the S blocks of
+// the cluster; false in every thread's *ok of every block if any thread's *ok
+// was false. Every thread of every block of the cluster calls it once.
+__device__ __forceinline__ float wave_cluster_total(float squares, int segments, bool* ok,
+                                                    bool* entered) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  WaveClusterSlots& s = wave_cluster_slots();
+  float v = squares;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const float bad = __any_sync(0xffffffffu, !*ok) ? 1.f : 0.f;
+  if (!*entered) {
+    asm volatile("barrier.cluster.wait;" ::: "memory");  // every sibling has started
+    *entered = true;
+  }
+  uint32_t seg;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(seg));
+  const int warps = static_cast<int>(blockDim.x / 32);
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  if (lane < segments) {
+    uint32_t slot, bar;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(slot)
+                 : "r"(shared_address(&s.slot[seg][warp])), "r"(lane));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(shared_address(&s.bar)), "r"(lane));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];"
+                 ::"r"(slot), "r"(__float_as_uint(v)), "r"(__float_as_uint(bad)), "r"(bar)
+                 : "memory");
+  }
+  const uint32_t bar = shared_address(&s.bar);
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0; "
+        "selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(bar)
+        : "memory");
+  }
+  float t = 0.f, b = 0.f;
+  for (int e = lane; e < segments * warps; e += 32) {  // slots in [segment][warp] order
+    const float2 q = s.slot[e / warps][e % warps];
+    t += q.x;
+    b += q.y;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    t += __shfl_xor_sync(0xffffffffu, t, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+  }
+  if (b != 0.f) *ok = false;
+  return t;
+#else
+  __trap();  // the host launches clusters only where the device has them
+  return squares;
+#endif
+}
+
 // A block of a one-row-wave call (wave_block) that gives up: poisons its
-// segment and, clustered, still takes part in its row's exchange (cluster_drain).
-// The caller returns after it.
+// segment and, clustered, still sends its siblings its failure
+// (wave_cluster_total). The caller returns after it.
 template <class T, int W>
 __device__ __forceinline__ void wave_give_up(const RmsNormArgs& a, const Segment& g, bool* entered) {
   poison_segments<T, W>(a, g);
-  if (a.clustered) cluster_drain(a, g, 0, entered);
+  if (a.clustered) {
+    bool failed = false;
+    wave_cluster_total(0.f, a.segments, &failed, entered);
+  }
 }
 
-// The row's sum of squares in a one-row-wave call from this block's `part`:
-// its own where the row is one segment, else from the cluster's siblings or
-// through the header's slots (tag tag0 + 1), as row_total and cluster_row_total.
-__device__ __forceinline__ float wave_row_total(const RmsNormArgs& a, const Segment& g, float part,
-                                                uint64_t tag0, uint64_t epoch, bool* ok,
-                                                bool* entered) {
-  return a.segments == 1 ? part
-         : a.clustered   ? cluster_row_total(part, 0, a.segments, ok, entered)
-                         : row_total(a, g, part, tag0 + 1, 0, epoch, ok);
+// The row's sum of squares in a one-row-wave call from every thread's
+// `squares`: the block's sum where the row is one segment, else from the
+// cluster's siblings (wave_cluster_total) or through the header's slots (tag
+// tag0 + 1, row_total); *ok false in every thread of the block (of the
+// cluster, clustered) if it was false in any. False when the block must give
+// up before the row's exchange (not clustered only: the caller poisons its
+// segment and returns).
+__device__ __forceinline__ bool wave_total(const RmsNormArgs& a, const Segment& g, float squares,
+                                           uint64_t tag0, uint64_t epoch, bool* ok, bool* entered,
+                                           float* total) {
+  if (a.clustered) {
+    *total = wave_cluster_total(squares, a.segments, ok, entered);
+    return true;
+  }
+  const float part = block_sum_ok(squares, ok, false);
+  if (!*ok) return false;
+  *total = a.segments == 1 ? part : row_total(a, g, part, tag0 + 1, 0, epoch, ok);
+  return true;
 }
 
 // new_residual's unit: the reduced sum plus the residual, added in float32
@@ -532,7 +652,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_k
   const int n = NR > 0 ? NR : v.nranks;
   const bool vec = arrays_aligned(a, W);
   bool entered = false;
-  if (a.clustered) cluster_entry_arrive();
+  if (a.clustered) wave_cluster_begin(a.segments);
   collective_prologue(a.base);
   JAXLL_PHASE(0);
   const WaveBlock wb = wave_block(a, v);
@@ -586,14 +706,17 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_k
     if (ok) hv = residual_add<T, W>(sum, rv, &squares);
     store_unit<T, W>(static_cast<T*>(a.new_residual), at, count, vec, hv);
   }
-  // (the call's only round: no fence; block_sum_ok's barrier ends it)
+  // (the call's only round: no fence, and no barrier to end it)
   JAXLL_PHASE(2);
-  const float part = block_sum_ok(squares, &ok, false);
-  if (!ok) {
-    wave_give_up<T, W>(a, g, &entered);
+  if (JAXLL_SKIP(2)) {  // (timing only: no norm)
+    end_slot_waves(v, slots, tag0, 1);
     return;
   }
-  const float total = wave_row_total(a, g, part, tag0, epoch, &ok, &entered);
+  float total;
+  if (!wave_total(a, g, squares, tag0, epoch, &ok, &entered, &total)) {
+    poison_segments<T, W>(a, g);
+    return;
+  }
   const float inv = rsqrtf(total / static_cast<float>(a.hidden) + a.eps);
   JAXLL_PHASE(3);
   if (mine) {
@@ -648,7 +771,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_twosho
   const int rank = v.rank;
   const bool vec = arrays_aligned(a, W);
   bool entered = false;
-  if (a.clustered) cluster_entry_arrive();
+  if (a.clustered) wave_cluster_begin(a.segments);
   collective_prologue(a.base);
   JAXLL_PHASE(0);
   const WaveBlock wb = wave_block(a, v);
@@ -748,13 +871,12 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_twosho
     JAXLL_PHASE(5);
     return;
   }
-  // (the call's only round: no fence; block_sum_ok's barrier ends it)
-  const float part = block_sum_ok(squares, &ok, false);
-  if (!ok) {
-    wave_give_up<T, W>(a, g, &entered);
+  // (the call's only round: no fence)
+  float total;
+  if (!wave_total(a, g, squares, tag0, epoch, &ok, &entered, &total)) {
+    poison_segments<T, W>(a, g);
     return;
   }
-  const float total = wave_row_total(a, g, part, tag0, epoch, &ok, &entered);
   const float inv = rsqrtf(total / static_cast<float>(a.hidden) + a.eps);
   JAXLL_PHASE(3);
 #pragma unroll
@@ -1104,8 +1226,9 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
   a.chunk_units = plan.chunk_units;
   a.clustered = plan.cluster > 1 ? 1 : 0;
   a.base.trigger = plan.pdl ? 1 : 0;
-  // (the plan's cluster allowance and the grid bound hold for both kernels:
-  // the same launch bounds and static shared memory)
+  // (the plan's cluster allowance and the grid bound, taken from
+  // rmsnorm_kernel, hold for all three kernels: the same launch bounds, and
+  // static shared memory, 0.5-1.6 KB a block, far below what would limit them)
   const void* run = plan.twoshot ? twoshot_kernel_for(dtype, view.nranks, plan.proto, plan.units)
                     : plan.lean  ? lean_kernel_for(dtype, view.nranks, plan.proto)
                                  : fn;

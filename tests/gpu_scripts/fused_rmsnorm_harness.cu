@@ -25,7 +25,7 @@
 // variant's plan is printed: segments x rows at once, cluster, PDL); with
 // phases, the medians of the last call's intervals and the ranks' spread;
 // HARNESS_GRAPH_PDL=0 / HARNESS_GRAPH_SIG=0 turn PDL / signatures off; with
-// HARNESS_WITH_ALL_REDUCE, the two-shot and one-shot sentinel all-reduce of x.
+// HARNESS_WITH_ALL_REDUCE, the two-shot and one-shot sentinel and the one-shot LL16 all-reduce of x.
 // With -DHARNESS_WITH_ALL_REDUCE and the all-reduce kernel files added
 // (all_reduce.cu all_reduce_oneshot.cu all_reduce_twoshot.cu
 // all_reduce_twoshot_atomic.cu gather_scatter.cu, beside all_reduce_rmsnorm.cu
@@ -619,7 +619,7 @@ int main(int argc, char** argv) {
     // HARNESS_GRAPH_N ranks (default 8), HARNESS_SHAPES as for phases,
     // HARNESS_VARIANTS="protocol:skip,..." (skip: JAXLL_FUSED_SKIP, phases
     // builds only); with HARNESS_WITH_ALL_REDUCE also the two-shot and one-shot
-    // sentinel all-reduce of x.
+    // sentinel and the one-shot LL16 all-reduce of x.
     const int n = static_cast<int>(env_long("HARNESS_GRAPH_N", 8));
     const int iters = static_cast<int>(env_long("HARNESS_GRAPH_ITERS", 200));
     std::vector<std::array<int64_t, 2>> shapes = {{4, 8192}, {8, 8192}, {16, 8192}};
@@ -693,13 +693,16 @@ int main(int argc, char** argv) {
       make_call(c, n, DType::kBF16, sh[0], sh[1], seed++);
       printf("%ld x %ld bf16:", (long)c.tokens, (long)c.hidden);
 #ifdef HARNESS_WITH_ALL_REDUCE
-      for (Algorithm alg : {Algorithm::kTwoShotSentinel, Algorithm::kOneShotSentinel}) {
+      for (Algorithm alg : {Algorithm::kTwoShotSentinel, Algorithm::kOneShotSentinel, Algorithm::kOneShotLL}) {
         const double us = timed([&] {
           for (int r = 0; r < n; ++r)
             CK(launch_all_reduce(alg, DType::kBF16, ReduceOp::kSum, G.r[r].view, c.dx + r * c.block_bytes,
                                  c.dnew + r * c.block_bytes, c.tokens * c.hidden, G.r[r].s));
         });
-        printf(" all_reduce %s %.2f;", alg == Algorithm::kTwoShotSentinel ? "twoshot_sentinel" : "oneshot_sentinel",
+        printf(" all_reduce %s %.2f;",
+               alg == Algorithm::kTwoShotSentinel   ? "twoshot_sentinel"
+               : alg == Algorithm::kOneShotSentinel ? "oneshot_sentinel"
+                                                    : "oneshot_ll",
                us - floor);
       }
 #endif
