@@ -84,10 +84,13 @@ const char* rmsnorm_unsupported(DType dtype, int64_t hidden, const RankView& vie
 // decode-shape kernel only: one round, a 16-byte unit a thread, a row's bytes a
 // multiple of 16; half LL16's bytes), or auto: sentinel where it can serve a
 // call of at least kFusedSentinelFromBytes of x per rank or with rows of at
-// least kFusedSentinelFromRowBytes, else LL16. Measured on one H200 (kernel
+// least kFusedSentinelFromRowBytes, or any call in groups of
+// kFusedSentinelAnySizeRanks, else LL16. Measured on one H200 (kernel
 // times in CUDA graphs, virtual ranks N = 2, 4, 8; benchmarks/README.md):
 // below 64 KiB LL16 is up to 0.7 us faster at N = 4 and 8 (the sentinel
-// kernel's blocks carry twice the bytes, so fewer blocks share the call), from
+// kernel's blocks carry twice the bytes, so fewer blocks share the call), but
+// at N = 2 sentinel is faster at 1-2 rows of 8192 bf16 since the cluster's
+// row total went to st.async (session 16: 2.56 vs 2.84 us) and equal at 4, from
 // 64 KiB the two are within 3% or sentinel is faster (16 x 8192 bf16: 6.22 ->
 // 4.39 us at N = 2, 29.9 -> 20.3 us at N = 8), and rows of 16384 bf16 are
 // faster on sentinel from 1 token. kTwoShotLL / kTwoShotSentinel name the
@@ -112,6 +115,7 @@ constexpr int kRmsNormProtocolCount = 5;
 const char* rmsnorm_protocol_name(int code);
 constexpr int64_t kFusedSentinelFromBytes = 64 * 1024;
 constexpr int64_t kFusedSentinelFromRowBytes = 32 * 1024;
+constexpr int kFusedSentinelAnySizeRanks = 2;
 constexpr int kFusedTwoShotFromRanks = 8;
 constexpr int64_t kFusedTwoShotFromBytes = 128 * 1024;
 constexpr int kRmsNormTwoShotUnits = 2;

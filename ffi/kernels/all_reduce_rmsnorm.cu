@@ -1171,7 +1171,8 @@ RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t t
     if (p.blocks > 0) return p;
   }
   if (protocol == RmsNormProtocol::kAuto &&
-      (tokens * row_bytes >= kFusedSentinelFromBytes || row_bytes >= kFusedSentinelFromRowBytes)) {
+      (view.nranks == kFusedSentinelAnySizeRanks || tokens * row_bytes >= kFusedSentinelFromBytes ||
+       row_bytes >= kFusedSentinelFromRowBytes)) {
     const RmsNormPlan p = sentinel_cut(dtype, view, tokens, hidden);
     if (p.blocks > 0) return p;
   }
