@@ -5,9 +5,10 @@ pattern of every tensor-parallel decoder block.
 ``algorithm="fused"`` asks for the single kernel that does all three
 (``ffi/kernels/all_reduce_rmsnorm.cu``), on the one-shot path with its exchange
 LL16 or, for calls of 64 KiB and more (or rows of 32 KiB and more, or any
-call in groups of 2) that its decode-shape cut serves, the sentinel protocol; or on the two-shot path
-(reduce-scatter, then all-gather of the sums, on sentinel) in groups of 8 from
-128 KiB and for calls of 64 KiB and more that no decode-shape cut serves
+call in groups of 2) that its decode-shape cut serves, the sentinel protocol;
+or on the two-shot path (reduce-scatter, then all-gather of the sums, on
+sentinel) in groups of 8 from 128 KiB and for calls of 64 KiB and more that
+no decode-shape cut serves
 (``"fused_ll"`` / ``"fused_sentinel"`` / ``"fused_twoshot_ll"`` /
 ``"fused_twoshot_sentinel"`` name one); ``algorithm="auto"``
 (the default) takes it where it was measured faster: at most
