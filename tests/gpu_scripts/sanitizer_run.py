@@ -1,7 +1,9 @@
 """A small virtual-rank run for compute-sanitizer (memcheck, racecheck, synccheck,
 initcheck; tests/gpu_scripts/sanitizers.sh runs all four).
 The fused all-reduce + residual + RMSNorm kernels run too (three shapes per N, one-shot
-and two-shot, LL16 and sentinel), and
+and two-shot, LL16 and sentinel; then the decode shape, rows of 8192 bf16, whose
+one-row-wave kernel adds a clustered row's squares by st.async: the run fails
+unless that path ran), and
 the all-gather and reduce-scatter kernels (the LL16, sentinel and barrier kernels, two sizes per N).
 
   compute-sanitizer --tool racecheck python3 tests/gpu_scripts/sanitizer_run.py [CALLS] [RANKS]
@@ -65,6 +67,32 @@ for n in ranks:
       except (RuntimeError, ValueError) as e:
         print(n, "rmsnorm", dtype, hidden, protocol, e, flush=True)
         bad += 1
+  # the decode shape (rows of 8192 bf16, 1 and 2 tokens), auto's choice and
+  # both one-shot exchanges: the one-row-wave kernel whose clustered blocks add
+  # a row's squares by st.async into each other's shared memory (counted by an
+  # mbarrier); that path must have run here, or the run fails
+  auto = algorithms.RMSNORM_PROTOCOL_CODES["auto"]
+  clustered = 0
+  for tokens in (1, 2):
+    x = np.random.default_rng(tokens).integers(0, 255, size=n * tokens * 8192 * 2, dtype=np.uint8)
+    x[1::2] = 0x3C
+    for protocol in (auto, 0, 2):
+      try:
+        p = ext.rmsnorm_plan(big, algorithms.DTYPE_CODES["bfloat16"], tokens, 8192, protocol)
+        *_, err = ext.virtual_rmsnorm(big, algorithms.DTYPE_CODES["bfloat16"], x.tobytes(),
+                                      x[:tokens * 8192 * 2].tobytes(), x[:8192 * 2].tobytes(),
+                                      tokens, 8192, 1e-6, protocol=protocol)
+      except (RuntimeError, ValueError) as e:  # (every exchange serves these shapes here)
+        print(n, "rmsnorm decode", tokens, protocol, e, flush=True)
+        bad += 1
+        continue
+      clustered += int(p["lean"] and p["cluster"] > 1)
+      print(n, "rmsnorm decode", tokens, protocol, f"lean={p['lean']} cluster={p['cluster']}",
+            err or "no error", flush=True)
+      bad += int(bool(err))
+  if n > 1 and not clustered:
+    print(n, "rmsnorm decode: no call took the clustered one-row-wave kernel", flush=True)
+    bad += 1
   ext.free_workspace(big)
   # all-gather (2) and reduce-scatter (3), the three protocols, several rounds
   # of pieces (4 KiB of scratch): each output checked against numpy here (small
