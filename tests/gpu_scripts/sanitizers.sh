@@ -24,7 +24,8 @@ for tool in memcheck racecheck synccheck initcheck; do
   rc=$?
   summary=$(echo "$out" | grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | tail -1)
   run=$(echo "$out" | grep SANITIZER_RUN | tail -1)
-  if [ "$limit" -gt 0 ] && { [ $rc -eq 124 ] || [ $rc -eq 137 ]; }; then
+  # (124: stopped by TERM; 137 past the limit: by KILL; 137 sooner is another kill)
+  if [ "$limit" -gt 0 ] && { [ $rc -eq 124 ] || { [ $rc -eq 137 ] && [ $(( $(date +%s) - start )) -ge "$limit" ]; }; }; then
     summary="timed out after $limit s (JAXLL_SANITIZER_TIMEOUT)"
   fi
   echo "$tool: rc=$rc; ${summary:-no summary}; ${run:-no run line}; $(( $(date +%s) - start )) s"
