@@ -20,7 +20,9 @@ time per kernel of one run of each chain (process 0, JAX's profiler).
 
 --virtual N[,N...] runs the same two chains in this one process on N virtual
 ranks of GPU 0 instead (jaxll.testing: every call forks onto the N ranks'
-streams; the composed step is the virtual all-reduce (--composed, or the
+streams, or with --launch one runs all N ranks as one kernel launch, one graph
+node instead of a fork, N kernels and a join; --launch streams,one does both,
+a row each; the composed step is the virtual all-reduce (--composed, or the
 kernel jaxll.all_reduce's auto table names) and XLA's
 norm math over all N ranks' rows, the fused step the virtual fused call; both
 captured into XLA's command buffers; that norm math alone is timed too), and
@@ -32,6 +34,7 @@ all-reduce of the same bytes; the graph floor).
   python benchmarks/fused_rmsnorm.py --processes 8 --shapes 1x8192,2x8192,4x8192,8x8192,16x8192,32x8192,64x8192,128x8192
   python benchmarks/fused_rmsnorm.py --virtual 2,8 --shapes 1x8192,16x8192
   python benchmarks/fused_rmsnorm.py --virtual 2,8 --fused fused_ll,fused_sentinel
+  python benchmarks/fused_rmsnorm.py --virtual 2,8 --launch streams,one --donate
 """
 from __future__ import annotations
 
@@ -49,6 +52,14 @@ SHAPES = [(1, 4096), (8, 4096), (1, 8192), (8, 8192), (32, 8192)]
 # the fused variants (all_reduce_rmsnorm's algorithm names) and their protocols
 PROTOCOLS = {"fused": "auto", "fused_ll": "ll", "fused_sentinel": "sentinel",
              "fused_twoshot_ll": "twoshot_ll", "fused_twoshot_sentinel": "twoshot_sentinel"}
+
+
+def parse_launch(text: str) -> list[str]:
+  """"streams,one" -> the virtual launch modes."""
+  modes = [v.strip() for v in text.split(",") if v.strip()]
+  if not modes or any(m not in ("streams", "one") for m in modes):
+    raise argparse.ArgumentTypeError(f"--launch takes streams and/or one; got {text!r}")
+  return modes
 
 
 def parse_fused(text: str) -> list[str]:
@@ -252,86 +263,91 @@ def virtual_rows(opts) -> list[dict]:
   except RuntimeError:
     sys.exit("fused_rmsnorm.py --virtual needs a CUDA GPU (virtual ranks run jaxll's kernels)")
   donated, fresh = donation(opts.donate)
-  rows = []
-  for n in opts.virtual:
-    floor = statistics.median(testing.graph_floor_us(n, iters=opts.graph_iters))
-    for tokens, hidden in opts.shapes:
-      rng = np.random.default_rng(tokens + hidden)
-      x = jax.device_put(jnp.asarray(rng.standard_normal((n, tokens, hidden)), jnp.bfloat16), dev)
-      r0 = jnp.broadcast_to(jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16),
-                            (n, tokens, hidden))
-      r0 = jax.device_put(r0, dev)
-      w = jax.device_put(jnp.ones(hidden, jnp.bfloat16), dev)
-      cb = not opts.no_command_buffer
-      t_row = time.perf_counter()
-      row = {"mode": "virtual", "tokens": tokens, "hidden": hidden, "dtype": "bfloat16",
-             "ranks": n, "command_buffer": cb, "donate": opts.donate}
+  rows, floors = [], {}
+  for n, launch, (tokens, hidden) in ((n, l, s) for n in opts.virtual for l in opts.launch
+                                      for s in opts.shapes):
+    one_launch = launch == "one"
+    if (n, launch) not in floors:
+      floors[n, launch] = statistics.median(testing.graph_floor_us(
+          n, iters=opts.graph_iters, one_launch=one_launch))
+    floor = floors[n, launch]
+    rng = np.random.default_rng(tokens + hidden)
+    x = jax.device_put(jnp.asarray(rng.standard_normal((n, tokens, hidden)), jnp.bfloat16), dev)
+    r0 = jnp.broadcast_to(jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16),
+                          (n, tokens, hidden))
+    r0 = jax.device_put(r0, dev)
+    w = jax.device_put(jnp.ones(hidden, jnp.bfloat16), dev)
+    cb = not opts.no_command_buffer
+    t_row = time.perf_counter()
+    row = {"mode": "virtual", "tokens": tokens, "hidden": hidden, "dtype": "bfloat16",
+           "ranks": n, "launch": launch, "command_buffer": cb, "donate": opts.donate}
 
-      # (auto: the kernel jaxll.all_reduce's auto table names for this group
-      # and size; a virtual call needs one named)
-      ar = opts.composed
-      if ar == "auto":
-        ar = algorithms.choose_auto(n, tokens * hidden * 2, np.dtype(jnp.bfloat16), "sum")[0]
-        ar = "oneshot_ll" if ar == algorithms.XLA else ar
-      row["composed_algorithm"] = ar
+    # (auto: the kernel jaxll.all_reduce's auto table names for this group
+    # and size; a virtual call needs one named)
+    ar = opts.composed
+    if ar == "auto":
+      ar = algorithms.choose_auto(n, tokens * hidden * 2, np.dtype(jnp.bfloat16), "sum")[0]
+      ar = "oneshot_ll" if ar == algorithms.XLA else ar
+    row["composed_algorithm"] = ar
 
-      def composed(x, r, w, ar=ar):
-        y = testing.virtual_all_reduce(x, algorithm=ar, device=dev, command_buffer=cb)
-        return fused.residual_rmsnorm(y, r, w, eps=1e-6)
+    def composed(x, r, w, ar=ar):
+      y = testing.virtual_all_reduce(x, algorithm=ar, device=dev, command_buffer=cb,
+                                     one_launch=one_launch)
+      return fused.residual_rmsnorm(y, r, w, eps=1e-6)
 
-      def fused_step(x, r, w, protocol="auto"):
-        return testing.virtual_fused_rmsnorm(x, r, w, eps=1e-6, device=dev, command_buffer=cb,
-                                             protocol=protocol)
+    def fused_step(x, r, w, protocol="auto"):
+      return testing.virtual_fused_rmsnorm(x, r, w, eps=1e-6, device=dev, command_buffer=cb,
+                                           protocol=protocol, one_launch=one_launch)
 
-      # (xla_norm: XLA's norm math alone over the N ranks' rows, the
-      # composed step's part after its all-reduce; timed, not compared)
-      steps = [("composed", composed)] + [
-          (v, functools.partial(fused_step, protocol=PROTOCOLS[v])) for v in opts.fused] + [
-          ("xla_norm", lambda x, r, w: fused.residual_rmsnorm(x, r, w, eps=1e-6))]
-      compiled, one = {}, {}
-      for name, step in steps:
-        if name in PROTOCOLS and not protocol_serves(n, tokens, hidden, PROTOCOLS[name]):
-          row[f"{name}_us"] = row[f"{name}_kernel_us"] = None
-          continue
-        def chain(x, r, w, step=step):
-          for _ in range(opts.chain):
-            x, r = step(x, r, w)
-          return x, r
-        compiled[name] = jax.jit(chain, donate_argnums=donated).lower(x, r0, w).compile()
-        jax.block_until_ready(compiled[name](*fresh(x, r0), w))
-        one[name] = [np.asarray(v.astype(jnp.float32)) for v in jax.jit(step)(x, r0, w)]
-        if name in PROTOCOLS:
-          row[f"{name}_kernel_us"] = statistics.median(testing.rmsnorm_kernel_time_us(
-              n, tokens, hidden, dtype="bfloat16", iters=opts.graph_iters,
-              protocol=PROTOCOLS[name])) - floor
-          # one step of each, compared (XLA's mean adds in its own order: normed
-          # may differ in the last bit; new_residual is the same sum, rounded once)
-          row[f"{name}_new_residual_equal"] = bool(np.array_equal(one["composed"][1], one[name][1]))
-          row[f"{name}_normed_max_abs_diff"] = float(
-              np.max(np.abs(one["composed"][0] - one[name][0])))
-      t_timed = time.perf_counter()
-      add_times(row, time_interleaved(compiled, (x, r0, w), opts.runs, opts.reps, opts.chain,
-                                      fresh=fresh))
-      row["timed_wall_s"] = time.perf_counter() - t_timed
-      add_speedups(row, opts.fused)
-      row["all_reduce_kernel_us"] = statistics.median(testing.kernel_time_us(
-          n, tokens * hidden * 2, dtype="bfloat16", algorithm=ar,
-          iters=opts.graph_iters)) - floor
-      row["graph_floor_us"] = floor
-      row["row_wall_s"] = time.perf_counter() - t_row
-      rows.append(row)
-      if opts.json:  # (after every row: a run cut short keeps the rows it finished)
-        with open(opts.json, "w") as f:
-          json.dump({"virtual": opts.virtual, "rows": rows}, f, indent=1)
-      fused_text = "; ".join(
-          f"{v} n/a" if row[f"{v}_us"] is None else
-          f"{v} {row[f'{v}_us']:7.2f} us (host {row[f'{v}_dispatch_us']:.2f}), {row[f'{v}_speedup']:.2f}x, paired {row[f'{v}_paired_speedup']:.2f}x (kernel {row[f'{v}_kernel_us']:.2f} us, "
-          f"new_residual equal: {row[f'{v}_new_residual_equal']}, normed max |diff| "
-          f"{row[f'{v}_normed_max_abs_diff']:.3g})" for v in opts.fused)
-      print(f"{tokens:3d} x {hidden:5d} bf16, {n} virtual ranks: composed ({ar}) {row['composed_us']:7.2f} us "
-            f"(host {row['composed_dispatch_us']:.2f}); "
-            f"{fused_text}; XLA's norm alone {row['xla_norm_us']:.2f} us; kernels above the graph "
-            f"floor ({floor:.2f} us), all-reduce ({ar}) {row['all_reduce_kernel_us']:.2f} us", flush=True)
+    # (xla_norm: XLA's norm math alone over the N ranks' rows, the
+    # composed step's part after its all-reduce; timed, not compared)
+    steps = [("composed", composed)] + [
+        (v, functools.partial(fused_step, protocol=PROTOCOLS[v])) for v in opts.fused] + [
+        ("xla_norm", lambda x, r, w: fused.residual_rmsnorm(x, r, w, eps=1e-6))]
+    compiled, one = {}, {}
+    for name, step in steps:
+      if name in PROTOCOLS and not protocol_serves(n, tokens, hidden, PROTOCOLS[name]):
+        row[f"{name}_us"] = row[f"{name}_kernel_us"] = None
+        continue
+      def chain(x, r, w, step=step):
+        for _ in range(opts.chain):
+          x, r = step(x, r, w)
+        return x, r
+      compiled[name] = jax.jit(chain, donate_argnums=donated).lower(x, r0, w).compile()
+      jax.block_until_ready(compiled[name](*fresh(x, r0), w))
+      one[name] = [np.asarray(v.astype(jnp.float32)) for v in jax.jit(step)(x, r0, w)]
+      if name in PROTOCOLS:
+        row[f"{name}_kernel_us"] = statistics.median(testing.rmsnorm_kernel_time_us(
+            n, tokens, hidden, dtype="bfloat16", iters=opts.graph_iters,
+            protocol=PROTOCOLS[name], one_launch=one_launch)) - floor
+        # one step of each, compared (XLA's mean adds in its own order: normed
+        # may differ in the last bit; new_residual is the same sum, rounded once)
+        row[f"{name}_new_residual_equal"] = bool(np.array_equal(one["composed"][1], one[name][1]))
+        row[f"{name}_normed_max_abs_diff"] = float(
+            np.max(np.abs(one["composed"][0] - one[name][0])))
+    t_timed = time.perf_counter()
+    add_times(row, time_interleaved(compiled, (x, r0, w), opts.runs, opts.reps, opts.chain,
+                                    fresh=fresh))
+    row["timed_wall_s"] = time.perf_counter() - t_timed
+    add_speedups(row, opts.fused)
+    row["all_reduce_kernel_us"] = statistics.median(testing.kernel_time_us(
+        n, tokens * hidden * 2, dtype="bfloat16", algorithm=ar,
+        iters=opts.graph_iters, one_launch=one_launch)) - floor
+    row["graph_floor_us"] = floor
+    row["row_wall_s"] = time.perf_counter() - t_row
+    rows.append(row)
+    if opts.json:  # (after every row: a run cut short keeps the rows it finished)
+      with open(opts.json, "w") as f:
+        json.dump({"virtual": opts.virtual, "launch": opts.launch, "rows": rows}, f, indent=1)
+    fused_text = "; ".join(
+        f"{v} n/a" if row[f"{v}_us"] is None else
+        f"{v} {row[f'{v}_us']:7.2f} us (host {row[f'{v}_dispatch_us']:.2f}), {row[f'{v}_speedup']:.2f}x, paired {row[f'{v}_paired_speedup']:.2f}x (kernel {row[f'{v}_kernel_us']:.2f} us, "
+        f"new_residual equal: {row[f'{v}_new_residual_equal']}, normed max |diff| "
+        f"{row[f'{v}_normed_max_abs_diff']:.3g})" for v in opts.fused)
+    print(f"{tokens:3d} x {hidden:5d} bf16, {n} virtual ranks ({launch}): composed ({ar}) {row['composed_us']:7.2f} us "
+          f"(host {row['composed_dispatch_us']:.2f}); "
+          f"{fused_text}; XLA's norm alone {row['xla_norm_us']:.2f} us; kernels above the graph "
+          f"floor ({floor:.2f} us), all-reduce ({ar}) {row['all_reduce_kernel_us']:.2f} us", flush=True)
   return rows
 
 
@@ -364,6 +380,10 @@ def main() -> None:
                  help="compile the chains with x and the residual donated: the buffers keep their "
                       "addresses from run to run, so XLA replays its command buffers rather than "
                       "recording them again at every run, and the host runs ahead of the device")
+  p.add_argument("--launch", type=parse_launch, default=["streams"],
+                 help="--virtual: how each virtual call runs, comma-separated: streams (forked "
+                      "onto the ranks' streams, a kernel each; default), one (every rank in one "
+                      "kernel launch)")
   p.add_argument("--no-command-buffer", action="store_true",
                  help="--virtual: keep the virtual calls out of XLA's command buffers")
   opts = p.parse_args()

@@ -70,7 +70,8 @@ def _kernel_name(algorithm: str) -> str:
 
 def virtual_all_reduce(x, *, op: str = "sum", algorithm: str = "oneshot_ll", device=None,
                        config: workspace.WorkspaceConfig | None = None,
-                       command_buffer: bool = False, _skip_rank: int = -1):
+                       command_buffer: bool = False, one_launch: bool = False,
+                       _skip_rank: int = -1):
   """All-reduces the rows of ``x`` (shape ``(N, ...)``) as N virtual ranks.
 
   Row r is rank r's input; every row of the result is the reduction (bitwise
@@ -78,13 +79,21 @@ def virtual_all_reduce(x, *, op: str = "sum", algorithm: str = "oneshot_ll", dev
   ranks' streams, so it composes with ``jax.jit``. ``x`` must live on `device`
   (the first GPU by default). With ``command_buffer`` XLA may capture the call
   into a CUDA graph (for benchmarks: the ranks' recorded errors are then checked
-  only when it is captured, not at every run).
+  only when it is captured, not at every run). With ``one_launch`` the call
+  does not fork: every rank's blocks run in one kernel launch on XLA's stream
+  (rank r's blocks at ``blockIdx.y == r``), the same kernel body, plan and
+  arguments per rank, one graph node instead of a fork, N kernels and a join;
+  its ranks start together, so the default (a stream each) is the one that
+  lets them drift apart.
   """
   x = jax.numpy.asarray(x)
   if x.ndim < 1:
     raise ValueError("virtual_all_reduce needs an (N, ...) array, one row per rank")
   if op not in algorithms.OP_CODES:
     raise ValueError(f"op must be one of {sorted(algorithms.OP_CODES)}, got {op!r}")
+  if one_launch and _skip_rank >= 0:
+    raise ValueError("virtual_all_reduce: one_launch runs every rank; a skipped rank needs "
+                     "one_launch=False")
   name = _kernel_name(algorithm)
   problem = algorithms.kernel_limits(name, x.dtype, op)
   if problem:
@@ -94,7 +103,8 @@ def virtual_all_reduce(x, *, op: str = "sum", algorithm: str = "oneshot_ll", dev
   call = jax.ffi.ffi_call("jaxll_virtual_all_reduce" + ("_graph" if command_buffer else ""),
                           jax.ShapeDtypeStruct(x.shape, x.dtype))
   return call(x, comm=np.int64(ws.id), algorithm=np.int64(algorithms.SPECS[name].code),
-              op=np.int64(algorithms.OP_CODES[op]), skip_rank=np.int64(_skip_rank))
+              op=np.int64(algorithms.OP_CODES[op]), skip_rank=np.int64(_skip_rank),
+              one_launch=np.int64(bool(one_launch)))
 
 
 # Element types of the fused all-reduce + residual + RMSNorm kernel.
@@ -110,7 +120,8 @@ def _protocol_code(protocol: str) -> int:
 
 def virtual_fused_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None,
                           config: workspace.WorkspaceConfig | None = None,
-                          command_buffer: bool = False, protocol: str = "auto"):
+                          command_buffer: bool = False, protocol: str = "auto",
+                          one_launch: bool = False):
   """The fused all-reduce + residual + RMSNorm kernel on N virtual ranks, as one
   XLA custom call (composes with ``jax.jit``, as :func:`virtual_all_reduce`):
   ``x`` and ``residual`` are ``(N, ..., hidden)`` (row r is rank r's),
@@ -120,7 +131,8 @@ def virtual_fused_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None
   ``command_buffer`` as for :func:`virtual_all_reduce`; ``protocol``: the
   kernel's exchange, ``"auto"`` (the kernel's choice), ``"ll"``,
   ``"sentinel"``, ``"twoshot_ll"`` or ``"twoshot_sentinel"`` (a call the named
-  exchange cannot serve fails when it runs)."""
+  exchange cannot serve fails when it runs); ``one_launch`` as for
+  :func:`virtual_all_reduce`."""
   code = _protocol_code(protocol)
   x, residual, weight = (jax.numpy.asarray(a) for a in (x, residual, weight))
   if x.ndim < 2:
@@ -136,7 +148,7 @@ def virtual_fused_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None
   call = jax.ffi.ffi_call("jaxll_virtual_all_reduce_rmsnorm" + ("_graph" if command_buffer else ""),
                           (out, out))
   return tuple(call(x, residual, weight, comm=np.int64(ws.id), eps=np.float32(eps),
-                    protocol=np.int32(code)))
+                    protocol=np.int32(code), one_launch=np.int64(bool(one_launch))))
 
 
 def virtual_all_reduce_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None,
@@ -307,9 +319,13 @@ def calls(nranks: int, ranks, *, device=None,
 
 def kernel_time_us(nranks: int, nbytes: int, *, dtype="float32", op: str = "sum",
                    algorithm: str = "oneshot_ll", iters: int = 200, reps: int = 20,
-                   device=None, config: workspace.WorkspaceConfig | None = None) -> list[float]:
+                   device=None, config: workspace.WorkspaceConfig | None = None,
+                   one_launch: bool = False) -> list[float]:
   """Kernel time per all-reduce call (µs), one value per repetition: a CUDA graph
-  of `iters` back-to-back calls on every virtual rank, replayed `reps` times."""
+  of `iters` back-to-back calls on every virtual rank, replayed `reps` times
+  (``one_launch``: each call every rank's in one launch, as
+  :func:`virtual_all_reduce` with ``one_launch``; subtract
+  ``graph_floor_us(..., one_launch=True)``)."""
   name = _kernel_name(algorithm)
   dtype = np.dtype(jax.numpy.dtype(dtype))
   problem = algorithms.kernel_limits(name, dtype, op)
@@ -319,25 +335,27 @@ def kernel_time_us(nranks: int, nbytes: int, *, dtype="float32", op: str = "sum"
   count = max(1, nbytes // dtype.itemsize)
   return list(ext.virtual_bench(ws.id, algorithms.SPECS[name].code,
                                 algorithms.DTYPE_CODES[dtype.name], algorithms.OP_CODES[op],
-                                count, int(iters), int(reps)))
+                                count, int(iters), int(reps), bool(one_launch)))
 
 
 def rmsnorm_kernel_time_us(nranks: int, tokens: int, hidden: int, *, dtype="bfloat16",
                            iters: int = 200, reps: int = 20, device=None,
                            config: workspace.WorkspaceConfig | None = None,
-                           protocol: str = "auto") -> list[float]:
+                           protocol: str = "auto", one_launch: bool = False) -> list[float]:
   """Kernel time per call (µs, one value per repetition) of the fused
   all-reduce + residual + RMSNorm kernel, ``tokens x hidden`` per rank, measured
   as :func:`kernel_time_us` measures the all-reduce (subtract
   :func:`graph_floor_us` for the kernel's own time). ``protocol`` as for
-  :func:`virtual_all_reduce_rmsnorm`."""
+  :func:`virtual_all_reduce_rmsnorm`, ``one_launch`` as for
+  :func:`kernel_time_us`."""
   code = _protocol_code(protocol)
   dtype = np.dtype(jax.numpy.dtype(dtype))
   if dtype.name not in _FUSED_DTYPES:
     raise TypeError(f"rmsnorm_kernel_time_us: no fused kernel for {dtype}")
   ws = virtual_workspace(nranks, device=device, config=config)
   return list(ext.virtual_rmsnorm_bench(ws.id, algorithms.DTYPE_CODES[dtype.name], int(tokens),
-                                        int(hidden), int(iters), int(reps), code))
+                                        int(hidden), int(iters), int(reps), code,
+                                        bool(one_launch)))
 
 
 def gather_scatter_time_us(nranks: int, nbytes: int, *, collective: str = "all_gather",
@@ -361,11 +379,13 @@ def gather_scatter_time_us(nranks: int, nbytes: int, *, collective: str = "all_g
 
 
 def graph_floor_us(nranks: int, *, iters: int = 200, reps: int = 20, device=None,
-                   config: workspace.WorkspaceConfig | None = None) -> list[float]:
-  """Time per round of the same graph with an empty kernel per rank: the floor
-  that graph-node launches put under :func:`kernel_time_us`."""
+                   config: workspace.WorkspaceConfig | None = None,
+                   one_launch: bool = False) -> list[float]:
+  """Time per round of the same graph with an empty kernel per rank (with
+  ``one_launch``: one empty kernel per round): the floor that graph-node
+  launches put under :func:`kernel_time_us`."""
   ws = virtual_workspace(nranks, device=device, config=config)
-  return list(ext.virtual_floor(ws.id, int(iters), int(reps)))
+  return list(ext.virtual_floor(ws.id, int(iters), int(reps), bool(one_launch)))
 
 
 def device_ordinal(device=None) -> int:

@@ -268,6 +268,14 @@ def test_virtual_ranks_need_a_gpu():
     jaxll.testing.virtual_all_reduce(np.ones((2, 3), np.float32))
 
 
+def test_virtual_one_launch_runs_every_rank():
+  # one launch holds every rank's blocks: a skipped rank (fault injection) is
+  # refused before any GPU is looked for
+  import jaxll.testing
+  with pytest.raises(ValueError, match="one_launch runs every rank"):
+    jaxll.testing.virtual_all_reduce(np.ones((2, 3), np.float32), one_launch=True, _skip_rank=1)
+
+
 def _kernel_call_chains(text: str) -> list[list[tuple[str, str]]]:
   """(result, order operand) of each jaxll_all_reduce custom call in the
   lowered text, grouped into chains: a call whose order operand is the order

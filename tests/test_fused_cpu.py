@@ -319,6 +319,11 @@ def test_fused_benchmark_shapes_option():
   for bad in ("", "fused_ll128", "fused,ll"):
     with pytest.raises(argparse.ArgumentTypeError):
       bench.parse_fused(bad)
+  assert bench.parse_launch("streams,one") == ["streams", "one"]
+  assert bench.parse_launch("one") == ["one"]
+  for bad in ("", "grid", "one,fork"):
+    with pytest.raises(argparse.ArgumentTypeError):
+      bench.parse_launch(bad)
 
 
 @pytest.mark.parametrize("hidden,fused", [(64, True), (12288, False)])

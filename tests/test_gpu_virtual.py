@@ -299,6 +299,88 @@ def test_jitted_chain_of_virtual_fused_calls(command_buffer, protocol):
   jaxll.check_errors()
 
 
+@pytest.mark.parametrize("algorithm", KERNELS)
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_one_launch_all_reduce(n, algorithm):
+  # every rank's blocks in one launch (GroupArgs, blockIdx.y the rank): the
+  # reduction as the float64 reference has it, bitwise equal across ranks and,
+  # for the reproducible kernels, to the same call forked onto the ranks'
+  # streams; sizes from one unit to several rounds; then 24 calls in a jitted
+  # chain captured into a command buffer (PDL between the group launches)
+  for i, count in enumerate([1, 17, 4097, 65_539, 300_001]):
+    for dtype in (np.float32, jnp.bfloat16):
+      if not _supported(algorithm, dtype):
+        continue
+      x = _inputs(n, count, dtype, seed=50 * n + i)
+      one = np.asarray(jt.virtual_all_reduce(x, algorithm=algorithm, one_launch=True))
+      _check(x, one, "sum", algorithm)
+      if algorithms.SPECS[algorithm].reproducible:
+        forked = np.asarray(jt.virtual_all_reduce(x, algorithm=algorithm))
+        np.testing.assert_array_equal(_bits(one), _bits(forked))
+  x = _inputs(n, 999, np.float32, seed=12)
+
+  def chain(v, one_launch):
+    for _ in range(24):
+      v = jt.virtual_all_reduce(v, algorithm=algorithm, command_buffer=True,
+                                one_launch=one_launch) * np.float32(1.0 / n)
+    return v
+
+  out = np.asarray(jax.jit(chain, static_argnums=1)(x, True))
+  np.testing.assert_allclose(out[0], x.astype(np.float64).sum(0) / n, rtol=1e-4, atol=1e-4)
+  assert (_bits(out) == _bits(out)[0:1]).all()
+  if algorithms.SPECS[algorithm].reproducible:
+    np.testing.assert_array_equal(_bits(out), _bits(jax.jit(chain, static_argnums=1)(x, False)))
+  jaxll.check_errors()
+
+
+@pytest.mark.parametrize("protocol", ["auto", "ll", "sentinel", "twoshot_ll", "twoshot_sentinel"])
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_one_launch_fused_equals_forked(n, protocol):
+  # the fused kernel (general, decode-shape and two-shot cuts, clustered or
+  # not) with every rank in one launch: bitwise what the same call forked onto
+  # the ranks' streams gives, per rank (residuals differ across ranks), one
+  # call per shape, and for the first shape a jitted chain of 12 captured into
+  # a command buffer
+  rng = np.random.default_rng(n)
+  cuts, chained = set(), False
+  for tokens, hidden, dtype in ((1, 8192, jnp.bfloat16), (2, 8192, jnp.bfloat16),
+                                (16, 8192, jnp.bfloat16), (64, 8192, jnp.bfloat16),
+                                (3, 2048, np.float32), (5, 16384, jnp.bfloat16)):
+    x = rng.standard_normal((n, tokens, hidden)).astype(dtype)
+    res = rng.standard_normal((n, tokens, hidden)).astype(dtype)
+    w = (1 + 0.1 * rng.standard_normal(hidden)).astype(dtype)
+    plan = ext.rmsnorm_plan(jt.virtual_workspace(n).id, algorithms.DTYPE_CODES[_name(dtype)],
+                            tokens, hidden, algorithms.RMSNORM_PROTOCOL_CODES[protocol])
+    if plan["blocks"] == 0:  # (the protocol named cannot serve this shape)
+      continue
+    cuts.add((plan["lean"], plan["twoshot"], plan["cluster"] > 1, plan["pdl"]))
+    step = lambda a, r, w, one, cb=False: jt.virtual_fused_rmsnorm(
+        a, r, w, eps=1e-5, protocol=protocol, one_launch=one, command_buffer=cb)
+    got = [np.asarray(v) for v in jax.jit(step, static_argnums=3)(x, res, w, True)]
+    want = [np.asarray(v) for v in jax.jit(step, static_argnums=3)(x, res, w, False)]
+    for g, v in zip(got, want):
+      assert np.isfinite(g.astype(np.float32)).all()
+      np.testing.assert_array_equal(_bits(g), _bits(v))
+
+    if chained:
+      continue  # (the chain for the first shape served only)
+    chained = True
+
+    def chain(a, r, w, one):
+      for _ in range(12):
+        a, r = step(a, r, w, one, True)
+      return a, r
+
+    got = [np.asarray(v) for v in jax.jit(chain, static_argnums=3)(x, res, w, True)]
+    want = [np.asarray(v) for v in jax.jit(chain, static_argnums=3)(x, res, w, False)]
+    for g, v in zip(got, want):
+      np.testing.assert_array_equal(_bits(g), _bits(v))
+  assert cuts, "no shape ran"
+  if protocol == "ll":  # (64 rows of 8192: the general kernel's cut)
+    assert any(not lean and not two for lean, two, _, _ in cuts), cuts
+  jaxll.check_errors()
+
+
 def test_device_ordinal_is_local_hardware_id():
   for dev in jax.devices("cuda"):
     assert jt.device_ordinal(dev) == dev.local_hardware_id

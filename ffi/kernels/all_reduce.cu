@@ -168,26 +168,70 @@ bool has_kernel(Algorithm algorithm, DType dtype, ReduceOp op) {
   return shape_of(algorithm, &s) && table().find(s.family, s.proto, dtype, op, 0) != nullptr;
 }
 
-cudaError_t launch_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op, const RankView& view,
-                              const void* in, void* out, int64_t count, cudaStream_t stream) {
+namespace {
+
+// The kernel, plan and arguments of one rank's all-reduce; cudaErrorInvalidValue
+// when there is no kernel for the combination or the plan is empty.
+cudaError_t prepare_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op,
+                               const RankView& view, const void* in, void* out, int64_t count,
+                               const KernelEntry** kernel, LaunchPlan* plan, AllReduceArgs* args) {
   Shape s;
   if (!shape_of(algorithm, &s)) return cudaErrorInvalidValue;
-  const void* fn = table().find(s.family, s.proto, dtype, op, view.nranks);
-  if (fn == nullptr) return cudaErrorInvalidValue;
-  const LaunchPlan plan =
-      plan_all_reduce(algorithm, count, dtype_bytes(dtype), view.nranks, view.geo, view.max_blocks,
-                      view.signatures != 0);
-  if (plan.blocks == 0) return cudaErrorInvalidValue;
-  const bool pdl = launches_early(view, plan.blocks);
-  AllReduceArgs args{view, in, out, count, plan.units, plan.span, plan.round_units,
-                     static_cast<uint32_t>(plan.rounds), static_cast<uint32_t>(plan.last_rounds),
-                     pdl ? 1 : 0, call_signature(algorithm, dtype, op, count)};
-  return launch_collective(fn, plan.blocks, plan.threads, pdl, &args, stream);
+  *kernel = table().find(s.family, s.proto, dtype, op, view.nranks);
+  if (*kernel == nullptr) return cudaErrorInvalidValue;
+  *plan = plan_all_reduce(algorithm, count, dtype_bytes(dtype), view.nranks, view.geo,
+                          view.max_blocks, view.signatures != 0);
+  if (plan->blocks == 0) return cudaErrorInvalidValue;
+  const bool pdl = launches_early(view, plan->blocks);
+  *args = AllReduceArgs{view, in, out, count, plan->units, plan->span, plan->round_units,
+                        static_cast<uint32_t>(plan->rounds), static_cast<uint32_t>(plan->last_rounds),
+                        pdl ? 1 : 0, call_signature(algorithm, dtype, op, count)};
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t launch_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op, const RankView& view,
+                              const void* in, void* out, int64_t count, cudaStream_t stream) {
+  const KernelEntry* kernel = nullptr;
+  LaunchPlan plan;
+  AllReduceArgs args;
+  cudaError_t e = prepare_all_reduce(algorithm, dtype, op, view, in, out, count, &kernel, &plan, &args);
+  if (e != cudaSuccess) return e;
+  return launch_collective(kernel->fn, plan.blocks, plan.threads, args.trigger != 0, &args, stream);
+}
+
+cudaError_t launch_all_reduce_group(Algorithm algorithm, DType dtype, ReduceOp op,
+                                    const RankView* views, int n, const void* const* in,
+                                    void* const* out, int64_t count, cudaStream_t stream) {
+  if (n < 1 || n > kMaxRanks || views[0].nranks != n) return cudaErrorInvalidValue;
+  GroupArgs<AllReduceArgs> group{};
+  const KernelEntry* kernel = nullptr;
+  LaunchPlan plan;
+  for (int i = 0; i < n; ++i) {
+    const KernelEntry* k = nullptr;
+    LaunchPlan p;
+    cudaError_t e = prepare_all_reduce(algorithm, dtype, op, views[i], in[i], out[i], count, &k, &p,
+                                       &group.rank[i]);
+    if (e != cudaSuccess) return e;
+    // (one grid for all: every rank's plan and kernel must be rank 0's)
+    if (i > 0 && (k != kernel || p.blocks != plan.blocks || p.threads != plan.threads ||
+                  group.rank[i].trigger != group.rank[0].trigger)) {
+      return cudaErrorInvalidValue;
+    }
+    kernel = k;
+    plan = p;
+  }
+  return launch_collective(kernel->group_fn, plan.blocks, plan.threads, group.rank[0].trigger != 0,
+                           &group, stream, 1, n);
 }
 
 std::vector<const void*> all_kernel_functions() {
   std::vector<const void*> out;
-  for (const KernelEntry& e : table().entries()) out.push_back(e.fn);
+  for (const KernelEntry& e : table().entries()) {
+    out.push_back(e.fn);
+    out.push_back(e.group_fn);
+  }
   for (const void* fn : rmsnorm_kernel_functions()) out.push_back(fn);
   for (const void* fn : gather_scatter_kernel_functions()) out.push_back(fn);
   out.push_back(reinterpret_cast<const void*>(&fill_i32_kernel));

@@ -72,7 +72,18 @@ bool has_kernel(Algorithm algorithm, DType dtype, ReduceOp op);
 cudaError_t launch_all_reduce(Algorithm algorithm, DType dtype, ReduceOp op, const RankView& view,
                               const void* in, void* out, int64_t count, cudaStream_t stream);
 
-// Every __global__ function of the library, so that a workspace can load them all
+// One all-reduce on every rank of a virtual group (N ranks of one workspace on
+// one GPU: views[i] is rank i's, n == views[i].nranks) as one launch on
+// `stream`: rank i's blocks (blockIdx.y == i) run rank i's call from in[i] to
+// out[i], with the kernel, plan and signature launch_all_reduce would give it.
+// Instead of a fork onto the ranks' streams and a join back (a graph node per
+// rank and two per event), one kernel node. cudaErrorInvalidValue as
+// launch_all_reduce, or where the ranks' plans differ.
+cudaError_t launch_all_reduce_group(Algorithm algorithm, DType dtype, ReduceOp op,
+                                    const RankView* views, int n, const void* const* in,
+                                    void* const* out, int64_t count, cudaStream_t stream);
+
+// Every __global__ function of the library (group twins included), so that a workspace can load them all
 // on a device before first use and bound grids by their occupancy.
 std::vector<const void*> all_kernel_functions();
 
@@ -131,6 +142,23 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
                                       void* new_residual, int64_t tokens, int64_t hidden,
                                       float eps, cudaStream_t stream,
                                       RmsNormProtocol protocol = RmsNormProtocol::kAuto);
+// One rank's operands of the fused call (launch_all_reduce_rmsnorm's).
+struct RmsNormOperands {
+  const void* x;
+  const void* residual;
+  const void* weight;
+  void* normed;
+  void* new_residual;
+};
+// The fused call on every rank of a virtual group as one launch on `stream`
+// (as launch_all_reduce_group does the all-reduce): ops[i] and views[i] are
+// rank i's, n == views[i].nranks; the errors of launch_all_reduce_rmsnorm, and
+// cudaErrorInvalidValue where the ranks' plans differ.
+cudaError_t launch_all_reduce_rmsnorm_group(DType dtype, const RankView* views, int n,
+                                            const RmsNormOperands* ops, int64_t tokens,
+                                            int64_t hidden, float eps, cudaStream_t stream,
+                                            RmsNormProtocol protocol = RmsNormProtocol::kAuto);
+// Every kernel of the fused call, group twins included.
 std::vector<const void*> rmsnorm_kernel_functions();
 // How a call of the fused kernel is cut (what launch_all_reduce_rmsnorm does):
 // rows of `segments` blocks of `threads` threads, `rows_at_once` rows at a time

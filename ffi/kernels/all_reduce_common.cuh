@@ -32,6 +32,19 @@ struct AllReduceArgs {
   uint64_t signature;    // the call's signature (error_word.h), checked against every peer's
 };
 
+// One launch for every rank of a virtual group (ranks of one group on one GPU,
+// launched together from one stream): rank r's blocks are those with
+// blockIdx.y == r and run rank r's arguments, rank[r]. The ranks' plans are
+// equal (a plan depends only on the call and the workspace's geometry), so
+// blockIdx.x and gridDim.x mean in each rank's blocks what they mean in a
+// launch of that rank alone. The group twin of a kernel takes this struct as a
+// __grid_constant__ parameter (read in place, never copied) and runs the same
+// device body as the kernel; the host fills the first nranks entries.
+template <class Args>
+struct GroupArgs {
+  Args rank[kMaxRanks];
+};
+
 // This block's units [u0, u1) and its number of rounds.
 struct BlockShare {
   int64_t u0, u1;

@@ -38,23 +38,28 @@ struct KernelEntry {
   ReduceOp op;
   int ranks;  // compiled for exactly this group size; 0 = any
   const void* fn;
+  const void* group_fn;  // its twin for a virtual group's one launch (GroupArgs)
 };
 
 // Kernels indexed by (family, protocol, dtype, op, rank-count variant): a
-// lookup per launch is one array read.
+// lookup per launch is two array reads.
 class KernelTable {
  public:
-  void add(Family f, Proto p, DType d, ReduceOp o, int ranks, const void* fn) {
-    entries_.push_back({f, p, d, o, ranks, fn});
-    slots_[slot(f, p, d, o, rank_variant(ranks))] = fn;
+  KernelTable() {
+    for (int& s : slots_) s = -1;
+  }
+  void add(Family f, Proto p, DType d, ReduceOp o, int ranks, const void* fn,
+           const void* group_fn) {
+    entries_.push_back({f, p, d, o, ranks, fn, group_fn});
+    slots_[slot(f, p, d, o, rank_variant(ranks))] = static_cast<int>(entries_.size()) - 1;
   }
   // The kernel for a group of `nranks`: its own instance where one is
   // compiled, else the one for any group size (nullptr if neither exists).
-  const void* find(Family f, Proto p, DType d, ReduceOp o, int nranks) const {
+  const KernelEntry* find(Family f, Proto p, DType d, ReduceOp o, int nranks) const {
     const int i = slot(f, p, d, o, rank_variant(nranks));
-    if (i >= 0 && slots_[i] != nullptr) return slots_[i];
+    if (i >= 0 && slots_[i] >= 0) return &entries_[slots_[i]];
     const int any = slot(f, p, d, o, 0);
-    return any < 0 ? nullptr : slots_[any];
+    return any < 0 || slots_[any] < 0 ? nullptr : &entries_[slots_[any]];
   }
   const std::vector<KernelEntry>& entries() const { return entries_; }
 
@@ -69,7 +74,7 @@ class KernelTable {
     return (((fi * kProtos + pi) * kDTypes + di) * kOps + oi) * kRankVariants + variant;
   }
   std::vector<KernelEntry> entries_;
-  const void* slots_[kFamilies * kProtos * kDTypes * kOps * kRankVariants] = {};
+  int slots_[kFamilies * kProtos * kDTypes * kOps * kRankVariants];  // entries_ index, -1: none
 };
 
 void register_oneshot_kernels(KernelTable& t);
@@ -111,18 +116,22 @@ struct ProtoTag {
 // The (protocol, dtype, op) combinations the one-shot and two-shot families
 // compile: LL16 for every dtype and op, sentinel for the float dtypes and every
 // op, the barrier baselines for sum; each for any group size and for each of
-// kSpecializedRanks. `Kernel<P, T, Op, NR>::fn()` names the instance.
+// kSpecializedRanks. `Kernel<P, T, Op, NR>::fn()` names the instance and
+// `::group_fn()` its twin for a virtual group's one launch.
 template <template <Proto, class, class, int> class Kernel>
 void register_family(KernelTable& t, Family f) {
   auto one = [&](auto proto, auto dtype, auto op) {
     using T = typename decltype(dtype)::type;
     using Op = typename decltype(op)::type;
     constexpr Proto P = decltype(proto)::value;
-    t.add(f, P, dtype_of<T>(), op_of<Op>(), 0, Kernel<P, T, Op, 0>::fn());
-    t.add(f, P, dtype_of<T>(), op_of<Op>(), 1, Kernel<P, T, Op, 1>::fn());
-    t.add(f, P, dtype_of<T>(), op_of<Op>(), 2, Kernel<P, T, Op, 2>::fn());
-    t.add(f, P, dtype_of<T>(), op_of<Op>(), 4, Kernel<P, T, Op, 4>::fn());
-    t.add(f, P, dtype_of<T>(), op_of<Op>(), 8, Kernel<P, T, Op, 8>::fn());
+    auto add = [&](int nr, const void* fn, const void* group_fn) {
+      t.add(f, P, dtype_of<T>(), op_of<Op>(), nr, fn, group_fn);
+    };
+    add(0, Kernel<P, T, Op, 0>::fn(), Kernel<P, T, Op, 0>::group_fn());
+    add(1, Kernel<P, T, Op, 1>::fn(), Kernel<P, T, Op, 1>::group_fn());
+    add(2, Kernel<P, T, Op, 2>::fn(), Kernel<P, T, Op, 2>::group_fn());
+    add(4, Kernel<P, T, Op, 4>::fn(), Kernel<P, T, Op, 4>::group_fn());
+    add(8, Kernel<P, T, Op, 8>::fn(), Kernel<P, T, Op, 8>::group_fn());
   };
   auto ops = [&](auto proto, auto dtype) {
     one(proto, dtype, TypeTag<SumOp>{});
@@ -150,9 +159,11 @@ void register_family(KernelTable& t, Family f) {
 bool launches_early(const RankView& view, int64_t blocks);
 // Launches collective kernel `fn` with its one argument struct `args`, as a
 // programmatic dependent launch when `pdl`, in thread-block clusters of
-// `cluster` consecutive blocks when `cluster` > 1 (it must divide `blocks`).
+// `cluster` consecutive blocks when `cluster` > 1 (it must divide `blocks`);
+// `ranks` > 1: a group twin's launch, a grid of `blocks` x `ranks` (args is
+// then a GroupArgs, all_reduce_common.cuh).
 cudaError_t launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, void* args,
-                              cudaStream_t stream, int cluster = 1);
+                              cudaStream_t stream, int cluster = 1, int ranks = 1);
 // How many clusters of `cluster` blocks of `threads` threads of kernel `fn` a
 // rank on `view`'s workspace may keep resident at once: the device's capacity
 // for such clusters (cudaOccupancyMaxActiveClusters on the current device)

@@ -17,7 +17,7 @@ namespace {
 // NR > 0: compiled for groups of exactly NR ranks (loops over peers unroll);
 // NR == 0: any group size.
 template <Proto P, class T, class Op, int NR>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) oneshot_kernel(AllReduceArgs a) {
+__device__ __forceinline__ void oneshot_body(const AllReduceArgs& a) {
   constexpr int W = unit_bytes<P>();
   const RankView& v = a.view;
   const int rank = v.rank;
@@ -97,8 +97,23 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) oneshot_kernel
 }
 
 template <Proto P, class T, class Op, int NR>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) oneshot_kernel(AllReduceArgs a) {
+  oneshot_body<P, T, Op, NR>(a);
+}
+
+// Every rank of a virtual group in one launch (GroupArgs, all_reduce_common.cuh).
+template <Proto P, class T, class Op, int NR>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
+    oneshot_group_kernel(const __grid_constant__ GroupArgs<AllReduceArgs> g) {
+  oneshot_body<P, T, Op, NR>(g.rank[blockIdx.y]);
+}
+
+template <Proto P, class T, class Op, int NR>
 struct OneShotKernel {
   static const void* fn() { return reinterpret_cast<const void*>(&oneshot_kernel<P, T, Op, NR>); }
+  static const void* group_fn() {
+    return reinterpret_cast<const void*>(&oneshot_group_kernel<P, T, Op, NR>);
+  }
 };
 
 }  // namespace

@@ -524,7 +524,7 @@ __device__ __forceinline__ Unit<W> norm_unit(const Unit<W>& hv, const Unit<W>& w
 }
 
 template <class T>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel(RmsNormArgs a) {
+__device__ __forceinline__ void rmsnorm_body(const RmsNormArgs& a) {
   const RankView& v = a.base.view;
   const int n = v.nranks;
   const T* x = static_cast<const T*>(a.x);
@@ -629,6 +629,18 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
   JAXLL_PHASE(5);
 }
 
+template <class T>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel(RmsNormArgs a) {
+  rmsnorm_body<T>(a);
+}
+
+// Every rank of a virtual group in one launch (GroupArgs, all_reduce_common.cuh).
+template <class T>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
+    rmsnorm_group_kernel(const __grid_constant__ GroupArgs<RmsNormArgs> g) {
+  rmsnorm_body<T>(g.rank[blockIdx.y]);
+}
+
 // The decode shape's kernel: every block holds one segment of one row that
 // one round moves with at most one unit per thread (one row-wave, one chunk:
 // lean_plan()), the rest as rmsnorm_kernel does it, with the same
@@ -646,7 +658,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_kernel
 // The sentinel reset needs no fence here: the call has one round, and the
 // kernel boundary orders the resets before this rank's next call's sends.
 template <class T, int NR, Proto P>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_kernel(RmsNormArgs a) {
+__device__ __forceinline__ void rmsnorm_lean_body(const RmsNormArgs& a) {
   constexpr int W = unit_bytes<P>();
   const RankView& v = a.base.view;
   const int n = NR > 0 ? NR : v.nranks;
@@ -729,6 +741,18 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_k
   JAXLL_PHASE(5);
 }
 
+template <class T, int NR, Proto P>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_lean_kernel(RmsNormArgs a) {
+  rmsnorm_lean_body<T, NR, P>(a);
+}
+
+// Every rank of a virtual group in one launch (GroupArgs, all_reduce_common.cuh).
+template <class T, int NR, Proto P>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
+    rmsnorm_lean_group_kernel(const __grid_constant__ GroupArgs<RmsNormArgs> g) {
+  rmsnorm_lean_body<T, NR, P>(g.rank[blockIdx.y]);
+}
+
 // The signature lane (peer offset k, 0: none) of this thread in the two-shot
 // kernel: the block's spare threads past the padded segment where it has n - 1
 // of them (signature_lane), else the n - 1 threads from the next rank's chunk
@@ -764,7 +788,7 @@ __device__ __forceinline__ int twoshot_signature_lane(int rank, int n, int c, in
 // wait, so no wait cycles.
 // One round per call: the sentinel resets need no fence (as in the lean kernel).
 template <class T, int NR, Proto P, int K>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_twoshot_kernel(RmsNormArgs a) {
+__device__ __forceinline__ void rmsnorm_twoshot_body(const RmsNormArgs& a) {
   constexpr int W = unit_bytes<P>();
   const RankView& v = a.base.view;
   const int n = NR > 0 ? NR : v.nranks;
@@ -893,71 +917,98 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_twosho
   JAXLL_PHASE(5);
 }
 
-template <class T>
-const void* rmsnorm_fn() {
-  return reinterpret_cast<const void*>(&rmsnorm_kernel<T>);
+template <class T, int NR, Proto P, int K>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) rmsnorm_twoshot_kernel(RmsNormArgs a) {
+  rmsnorm_twoshot_body<T, NR, P, K>(a);
 }
 
-const void* rmsnorm_kernel_for(DType dtype) {
+// Every rank of a virtual group in one launch (GroupArgs, all_reduce_common.cuh).
+template <class T, int NR, Proto P, int K>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
+    rmsnorm_twoshot_group_kernel(const __grid_constant__ GroupArgs<RmsNormArgs> g) {
+  rmsnorm_twoshot_body<T, NR, P, K>(g.rank[blockIdx.y]);
+}
+
+// (each lookup below: `group` names the kernel's group twin instead)
+template <class T>
+const void* rmsnorm_fn(bool group = false) {
+  return group ? reinterpret_cast<const void*>(&rmsnorm_group_kernel<T>)
+               : reinterpret_cast<const void*>(&rmsnorm_kernel<T>);
+}
+
+const void* rmsnorm_kernel_for(DType dtype, bool group = false) {
   switch (dtype) {
-    case DType::kF32: return rmsnorm_fn<float>();
-    case DType::kBF16: return rmsnorm_fn<__nv_bfloat16>();
-    case DType::kF16: return rmsnorm_fn<__half>();
+    case DType::kF32: return rmsnorm_fn<float>(group);
+    case DType::kBF16: return rmsnorm_fn<__nv_bfloat16>(group);
+    case DType::kF16: return rmsnorm_fn<__half>(group);
     default: return nullptr;
   }
+}
+
+template <class T, int NR, Proto P>
+const void* lean_fn(bool group) {
+  return group ? reinterpret_cast<const void*>(&rmsnorm_lean_group_kernel<T, NR, P>)
+               : reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, NR, P>);
 }
 
 template <class T, Proto P>
-const void* lean_fn(int nranks) {
+const void* lean_fn(int nranks, bool group) {
   switch (nranks) {
-    case 2: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 2, P>);
-    case 4: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 4, P>);
-    case 8: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 8, P>);
-    default: return reinterpret_cast<const void*>(&rmsnorm_lean_kernel<T, 0, P>);
+    case 2: return lean_fn<T, 2, P>(group);
+    case 4: return lean_fn<T, 4, P>(group);
+    case 8: return lean_fn<T, 8, P>(group);
+    default: return lean_fn<T, 0, P>(group);
   }
 }
 
 template <class T>
-const void* lean_fn(int nranks, Proto p) {
-  return p == Proto::kSentinel ? lean_fn<T, Proto::kSentinel>(nranks) : lean_fn<T, Proto::kLL>(nranks);
+const void* lean_fn(int nranks, Proto p, bool group) {
+  return p == Proto::kSentinel ? lean_fn<T, Proto::kSentinel>(nranks, group)
+                               : lean_fn<T, Proto::kLL>(nranks, group);
 }
 
 // The decode-shape kernel for `nranks` ranks on protocol `p` (see rmsnorm_lean_kernel).
-const void* lean_kernel_for(DType dtype, int nranks, Proto p) {
+const void* lean_kernel_for(DType dtype, int nranks, Proto p, bool group = false) {
   switch (dtype) {
-    case DType::kF32: return lean_fn<float>(nranks, p);
-    case DType::kBF16: return lean_fn<__nv_bfloat16>(nranks, p);
-    case DType::kF16: return lean_fn<__half>(nranks, p);
+    case DType::kF32: return lean_fn<float>(nranks, p, group);
+    case DType::kBF16: return lean_fn<__nv_bfloat16>(nranks, p, group);
+    case DType::kF16: return lean_fn<__half>(nranks, p, group);
     default: return nullptr;
   }
 }
 
+template <class T, int NR, Proto P, int K>
+const void* twoshot_fn(bool group) {
+  return group ? reinterpret_cast<const void*>(&rmsnorm_twoshot_group_kernel<T, NR, P, K>)
+               : reinterpret_cast<const void*>(&rmsnorm_twoshot_kernel<T, NR, P, K>);
+}
+
 template <class T, Proto P, int K>
-const void* twoshot_fn(int nranks) {
+const void* twoshot_fn(int nranks, bool group) {
   switch (nranks) {
-    case 4: return reinterpret_cast<const void*>(&rmsnorm_twoshot_kernel<T, 4, P, K>);
-    case 8: return reinterpret_cast<const void*>(&rmsnorm_twoshot_kernel<T, 8, P, K>);
-    default: return reinterpret_cast<const void*>(&rmsnorm_twoshot_kernel<T, 0, P, K>);
+    case 4: return twoshot_fn<T, 4, P, K>(group);
+    case 8: return twoshot_fn<T, 8, P, K>(group);
+    default: return twoshot_fn<T, 0, P, K>(group);
   }
 }
 
 template <class T>
-const void* twoshot_fn(int nranks, Proto p, int units) {
+const void* twoshot_fn(int nranks, Proto p, int units, bool group) {
   if (units > 1) {
-    return p == Proto::kSentinel ? twoshot_fn<T, Proto::kSentinel, 2>(nranks)
-                                 : twoshot_fn<T, Proto::kLL, 2>(nranks);
+    return p == Proto::kSentinel ? twoshot_fn<T, Proto::kSentinel, 2>(nranks, group)
+                                 : twoshot_fn<T, Proto::kLL, 2>(nranks, group);
   }
-  return p == Proto::kSentinel ? twoshot_fn<T, Proto::kSentinel, 1>(nranks)
-                               : twoshot_fn<T, Proto::kLL, 1>(nranks);
+  return p == Proto::kSentinel ? twoshot_fn<T, Proto::kSentinel, 1>(nranks, group)
+                               : twoshot_fn<T, Proto::kLL, 1>(nranks, group);
 }
 
 // The two-shot kernel for `nranks` ranks on protocol `p` whose threads hold
 // `units` units (1 or kRmsNormTwoShotUnits; see rmsnorm_twoshot_kernel).
-const void* twoshot_kernel_for(DType dtype, int nranks, Proto p, int units) {
+const void* twoshot_kernel_for(DType dtype, int nranks, Proto p, int units, bool group = false) {
   switch (dtype) {
-    case DType::kF32: return twoshot_fn<float>(nranks, p, units);
-    case DType::kBF16: return twoshot_fn<__nv_bfloat16>(nranks, p, units);
-    case DType::kF16: return twoshot_fn<__half>(nranks, p, units);
+    case DType::kF32: return twoshot_fn<float>(nranks, p, units, group);
+    case DType::kBF16: return twoshot_fn<__nv_bfloat16>(nranks, p, units, group);
+    case DType::kF16: return twoshot_fn<__half>(nranks, p, units, group);
     default: return nullptr;
   }
 }
@@ -988,14 +1039,18 @@ const char* rmsnorm_refusal(RmsNormProtocol p) {
 }
 
 std::vector<const void*> rmsnorm_kernel_functions() {
-  std::vector<const void*> out = {rmsnorm_fn<float>(), rmsnorm_fn<__nv_bfloat16>(),
-                                  rmsnorm_fn<__half>()};
-  for (DType d : {DType::kF32, DType::kBF16, DType::kF16})
-    for (Proto p : {Proto::kLL, Proto::kSentinel}) {
-      for (int nr : {0, 2, 4, 8}) out.push_back(lean_kernel_for(d, nr, p));
-      for (int nr : {0, 4, 8})
-        for (int units : {1, kRmsNormTwoShotUnits}) out.push_back(twoshot_kernel_for(d, nr, p, units));
+  std::vector<const void*> out;
+  for (bool group : {false, true}) {
+    for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+      out.push_back(rmsnorm_kernel_for(d, group));
+      for (Proto p : {Proto::kLL, Proto::kSentinel}) {
+        for (int nr : {0, 2, 4, 8}) out.push_back(lean_kernel_for(d, nr, p, group));
+        for (int nr : {0, 4, 8})
+          for (int units : {1, kRmsNormTwoShotUnits})
+            out.push_back(twoshot_kernel_for(d, nr, p, units, group));
+      }
     }
+  }
   return out;
 }
 
@@ -1187,18 +1242,24 @@ RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t t
   return p;
 }
 
-cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const void* x,
-                                      const void* residual, const void* weight, void* normed,
-                                      void* new_residual, int64_t tokens, int64_t hidden,
-                                      float eps, cudaStream_t stream, RmsNormProtocol protocol) {
-  const void* fn = rmsnorm_kernel_for(dtype);
-  if (fn == nullptr || rmsnorm_unsupported(dtype, hidden, view) != nullptr) {
+namespace {
+
+// One rank's plan and arguments of the fused call (launch_all_reduce_rmsnorm's
+// errors; a plan of no blocks and cudaSuccess: no tokens, nothing to launch).
+cudaError_t prepare_rmsnorm(DType dtype, const RankView& view, const void* x,
+                            const void* residual, const void* weight, void* normed,
+                            void* new_residual, int64_t tokens, int64_t hidden, float eps,
+                            RmsNormProtocol protocol, RmsNormPlan* out, RmsNormArgs* args) {
+  *out = RmsNormPlan{};
+  if (rmsnorm_kernel_for(dtype) == nullptr || rmsnorm_unsupported(dtype, hidden, view) != nullptr) {
     return cudaErrorInvalidValue;
   }
   if (tokens <= 0) return cudaSuccess;
   const RmsNormPlan plan = plan_all_reduce_rmsnorm(dtype, view, tokens, hidden, protocol);
   if (plan.blocks == 0) return cudaErrorNotSupported;  // (a protocol asked for a cut it cannot take)
-  RmsNormArgs a{};
+  *out = plan;
+  RmsNormArgs& a = *args;
+  a = RmsNormArgs{};
   a.base.view = view;
   a.x = x;
   a.residual = residual;
@@ -1227,13 +1288,57 @@ cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const v
   a.chunk_units = plan.chunk_units;
   a.clustered = plan.cluster > 1 ? 1 : 0;
   a.base.trigger = plan.pdl ? 1 : 0;
-  // (the plan's cluster allowance and the grid bound, taken from
-  // rmsnorm_kernel, hold for all three kernels: the same launch bounds, and
-  // static shared memory, 0.5-1.6 KB a block, far below what would limit them)
-  const void* run = plan.twoshot ? twoshot_kernel_for(dtype, view.nranks, plan.proto, plan.units)
-                    : plan.lean  ? lean_kernel_for(dtype, view.nranks, plan.proto)
-                                 : fn;
-  return launch_collective(run, plan.blocks, plan.threads, plan.pdl, &a, stream, plan.cluster);
+  return cudaSuccess;
+}
+
+// The kernel that runs `plan` (its group twin where `group`). (The plan's
+// cluster allowance and the grid bound, taken from rmsnorm_kernel, hold for all
+// three kernels and their twins: the same launch bounds, and static shared
+// memory, 0.5-1.6 KB a block, far below what would limit them.)
+const void* rmsnorm_kernel_of(const RmsNormPlan& plan, DType dtype, int nranks, bool group) {
+  return plan.twoshot ? twoshot_kernel_for(dtype, nranks, plan.proto, plan.units, group)
+         : plan.lean  ? lean_kernel_for(dtype, nranks, plan.proto, group)
+                      : rmsnorm_kernel_for(dtype, group);
+}
+
+}  // namespace
+
+cudaError_t launch_all_reduce_rmsnorm(DType dtype, const RankView& view, const void* x,
+                                      const void* residual, const void* weight, void* normed,
+                                      void* new_residual, int64_t tokens, int64_t hidden,
+                                      float eps, cudaStream_t stream, RmsNormProtocol protocol) {
+  RmsNormPlan plan;
+  RmsNormArgs a;
+  cudaError_t e = prepare_rmsnorm(dtype, view, x, residual, weight, normed, new_residual, tokens,
+                                  hidden, eps, protocol, &plan, &a);
+  if (e != cudaSuccess || plan.blocks == 0) return e;
+  return launch_collective(rmsnorm_kernel_of(plan, dtype, view.nranks, false), plan.blocks,
+                           plan.threads, plan.pdl, &a, stream, plan.cluster);
+}
+
+cudaError_t launch_all_reduce_rmsnorm_group(DType dtype, const RankView* views, int n,
+                                            const RmsNormOperands* ops, int64_t tokens,
+                                            int64_t hidden, float eps, cudaStream_t stream,
+                                            RmsNormProtocol protocol) {
+  if (n < 1 || n > kMaxRanks || views[0].nranks != n) return cudaErrorInvalidValue;
+  GroupArgs<RmsNormArgs> group{};
+  RmsNormPlan plan;
+  for (int i = 0; i < n; ++i) {
+    RmsNormPlan p;
+    cudaError_t e = prepare_rmsnorm(dtype, views[i], ops[i].x, ops[i].residual, ops[i].weight,
+                                    ops[i].normed, ops[i].new_residual, tokens, hidden, eps,
+                                    protocol, &p, &group.rank[i]);
+    if (e != cudaSuccess || p.blocks == 0) return e;
+    // (one grid for all: every rank's plan must be rank 0's)
+    if (i > 0 && (p.blocks != plan.blocks || p.threads != plan.threads || p.cluster != plan.cluster ||
+                  p.pdl != plan.pdl || p.lean != plan.lean || p.twoshot != plan.twoshot ||
+                  p.proto != plan.proto || p.units != plan.units)) {
+      return cudaErrorInvalidValue;
+    }
+    plan = p;
+  }
+  return launch_collective(rmsnorm_kernel_of(plan, dtype, n, true), plan.blocks, plan.threads,
+                           plan.pdl, &group, stream, plan.cluster, n);
 }
 
 }  // namespace jaxll

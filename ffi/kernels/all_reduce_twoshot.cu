@@ -18,7 +18,7 @@ namespace {
 
 // NR > 0: compiled for groups of exactly NR ranks; NR == 0: any group size.
 template <Proto P, class T, class Op, int NR>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) twoshot_kernel(AllReduceArgs a) {
+__device__ __forceinline__ void twoshot_body(const AllReduceArgs& a) {
   constexpr int W = unit_bytes<P>();
   const RankView& v = a.view;
   const int rank = v.rank;
@@ -98,8 +98,23 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) twoshot_kernel
 }
 
 template <Proto P, class T, class Op, int NR>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) twoshot_kernel(AllReduceArgs a) {
+  twoshot_body<P, T, Op, NR>(a);
+}
+
+// Every rank of a virtual group in one launch (GroupArgs, all_reduce_common.cuh).
+template <Proto P, class T, class Op, int NR>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
+    twoshot_group_kernel(const __grid_constant__ GroupArgs<AllReduceArgs> g) {
+  twoshot_body<P, T, Op, NR>(g.rank[blockIdx.y]);
+}
+
+template <Proto P, class T, class Op, int NR>
 struct TwoShotKernel {
   static const void* fn() { return reinterpret_cast<const void*>(&twoshot_kernel<P, T, Op, NR>); }
+  static const void* group_fn() {
+    return reinterpret_cast<const void*>(&twoshot_group_kernel<P, T, Op, NR>);
+  }
 };
 
 }  // namespace

@@ -71,7 +71,7 @@ __device__ __forceinline__ uint4 canonical_16(uint4 q) {
 }
 
 template <class T>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) twoshot_atomic_kernel(AllReduceArgs a) {
+__device__ __forceinline__ void twoshot_atomic_body(const AllReduceArgs& a) {
   using S = LineSlice<T>;
   const RankView& v = a.view;
   const int rank = v.rank;
@@ -185,9 +185,22 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) twoshot_atomic
 }
 
 template <class T>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) twoshot_atomic_kernel(AllReduceArgs a) {
+  twoshot_atomic_body<T>(a);
+}
+
+// Every rank of a virtual group in one launch (GroupArgs, all_reduce_common.cuh).
+template <class T>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
+    twoshot_atomic_group_kernel(const __grid_constant__ GroupArgs<AllReduceArgs> g) {
+  twoshot_atomic_body<T>(g.rank[blockIdx.y]);
+}
+
+template <class T>
 void add(KernelTable& t) {
   t.add(Family::kTwoShotAtomic, Proto::kSentinel, dtype_of<T>(), ReduceOp::kSum, 0,
-        reinterpret_cast<const void*>(&twoshot_atomic_kernel<T>));
+        reinterpret_cast<const void*>(&twoshot_atomic_kernel<T>),
+        reinterpret_cast<const void*>(&twoshot_atomic_group_kernel<T>));
 }
 
 }  // namespace

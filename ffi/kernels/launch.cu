@@ -32,9 +32,9 @@ bool launches_early(const RankView& view, int64_t blocks) {
 }
 
 cudaError_t launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, void* args,
-                              cudaStream_t stream, int cluster) {
+                              cudaStream_t stream, int cluster, int ranks) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.gridDim = dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(ranks));
   config.blockDim = dim3(threads);
   config.stream = stream;
   cudaLaunchAttribute attribute[2];

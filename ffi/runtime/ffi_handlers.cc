@@ -6,6 +6,8 @@
 //                             y, order (see AllReduceExecute)
 //   jaxll_virtual_all_reduce  N virtual ranks on one GPU: input (N, ...) is
 //                             reduced across its leading axis, one stream per rank
+//                             (or, with attribute one_launch=1, every rank in one
+//                             launch on XLA's stream)
 //   jaxll_virtual_all_reduce_rmsnorm
 //                             the fused kernel on N virtual ranks (operands and
 //                             results (N, ..., hidden) but weight (hidden,))
@@ -30,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <vector>
 
 #include "../kernels/all_reduce.h"
 #include "workspace.h"
@@ -191,9 +194,15 @@ cudaError_t fork_ranks(Workspace& c, cudaStream_t stream, int64_t skip_rank, Lau
   return e;
 }
 
+// `one_launch` (both virtual handlers): 0 forks the call onto the ranks'
+// streams, a kernel each (fork_ranks); 1 runs every rank's call as one launch
+// on `stream` (launch_all_reduce_group: one graph node instead of a fork, N
+// kernels and a join; every rank starts together, so use 0 to test ranks that
+// drift apart).
 ffi::Error VirtualAllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
                                    ffi::Result<ffi::AnyBuffer> y, int64_t workspace_id,
-                                   int64_t algorithm, int64_t op, int64_t skip_rank) {
+                                   int64_t algorithm, int64_t op, int64_t skip_rank,
+                                   int64_t one_launch) {
   Workspace* c = nullptr;
   if (ffi::Error e = find_virtual(workspace_id, ordinal, &c); e.failure()) return e;
   const int n = c->group_size();
@@ -211,12 +220,29 @@ ffi::Error VirtualAllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::An
   const int64_t count = static_cast<int64_t>(x.element_count()) / n;
   if (count == 0) return ffi::Error::Success();
   const size_t row_bytes = static_cast<size_t>(count) * dtype_bytes(dtype);
+  if (one_launch && skip_rank >= 0 && skip_rank < n) {
+    return ffi::Error::InvalidArgument("jaxll: a virtual all-reduce in one launch runs every rank "
+                                       "(skip_rank needs one_launch=0)");
+  }
   if (ffi::Error e = use_device(ordinal); e.failure()) return e;
-  cudaError_t e = fork_ranks(*c, stream, skip_rank, [&](int i, Rank& r) {
-    return launch_all_reduce(static_cast<Algorithm>(algorithm), dtype, static_cast<ReduceOp>(op),
-                             r.view, static_cast<const char*>(x.untyped_data()) + i * row_bytes,
-                             static_cast<char*>(y->untyped_data()) + i * row_bytes, count, r.stream);
-  });
+  cudaError_t e = cudaSuccess;
+  if (one_launch) {
+    const std::vector<RankView> views = c->views(0);
+    std::vector<const void*> in(n);
+    std::vector<void*> out(n);
+    for (int i = 0; i < n; ++i) {
+      in[i] = static_cast<const char*>(x.untyped_data()) + i * row_bytes;
+      out[i] = static_cast<char*>(y->untyped_data()) + i * row_bytes;
+    }
+    e = launch_all_reduce_group(static_cast<Algorithm>(algorithm), dtype, static_cast<ReduceOp>(op),
+                                views.data(), n, in.data(), out.data(), count, stream);
+  } else {
+    e = fork_ranks(*c, stream, skip_rank, [&](int i, Rank& r) {
+      return launch_all_reduce(static_cast<Algorithm>(algorithm), dtype, static_cast<ReduceOp>(op),
+                               r.view, static_cast<const char*>(x.untyped_data()) + i * row_bytes,
+                               static_cast<char*>(y->untyped_data()) + i * row_bytes, count, r.stream);
+    });
+  }
   if (e != cudaSuccess) return launch_error(e, *c, "a virtual all-reduce of " + std::to_string(count) + " elements per rank");
   return ffi::Error::Success();
 }
@@ -252,7 +278,7 @@ ffi::Error VirtualRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyB
                                  ffi::AnyBuffer residual, ffi::AnyBuffer weight,
                                  ffi::Result<ffi::AnyBuffer> normed,
                                  ffi::Result<ffi::AnyBuffer> new_residual, int64_t workspace_id,
-                                 float eps, int32_t protocol_code) {
+                                 float eps, int32_t protocol_code, int64_t one_launch) {
   Workspace* c = nullptr;
   if (ffi::Error e = find_virtual(workspace_id, ordinal, &c); e.failure()) return e;
   RmsNormProtocol protocol;
@@ -280,13 +306,25 @@ ffi::Error VirtualRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyB
   if (ffi::Error e = use_device(ordinal); e.failure()) return e;
   auto at = [&](const void* base, int i) { return static_cast<const char*>(base) + i * row_bytes; };
   auto out_at = [&](void* base, int i) { return static_cast<char*>(base) + i * row_bytes; };
-  cudaError_t e = fork_ranks(*c, stream, -1, [&](int i, Rank& r) {
-    return launch_all_reduce_rmsnorm(dtype, r.view, at(x.untyped_data(), i),
-                                     at(residual.untyped_data(), i), weight.untyped_data(),
-                                     out_at(normed->untyped_data(), i),
-                                     out_at(new_residual->untyped_data(), i), per_rank / hidden,
-                                     hidden, eps, r.stream, protocol);
-  });
+  cudaError_t e = cudaSuccess;
+  if (one_launch) {
+    const std::vector<RankView> views = c->views(0);
+    std::vector<RmsNormOperands> ops(n);
+    for (int i = 0; i < n; ++i) {
+      ops[i] = {at(x.untyped_data(), i), at(residual.untyped_data(), i), weight.untyped_data(),
+                out_at(normed->untyped_data(), i), out_at(new_residual->untyped_data(), i)};
+    }
+    e = launch_all_reduce_rmsnorm_group(dtype, views.data(), n, ops.data(), per_rank / hidden,
+                                        hidden, eps, stream, protocol);
+  } else {
+    e = fork_ranks(*c, stream, -1, [&](int i, Rank& r) {
+      return launch_all_reduce_rmsnorm(dtype, r.view, at(x.untyped_data(), i),
+                                       at(residual.untyped_data(), i), weight.untyped_data(),
+                                       out_at(normed->untyped_data(), i),
+                                       out_at(new_residual->untyped_data(), i), per_rank / hidden,
+                                       hidden, eps, r.stream, protocol);
+    });
+  }
   if (e != cudaSuccess) return rmsnorm_launch_error(e, *c, "a virtual all_reduce_rmsnorm of " + std::to_string(per_rank) + " elements per rank", protocol);
   return ffi::Error::Success();
 }
@@ -458,7 +496,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_handler, AllReduceExecute,
       .Attr<int64_t>("comm")                             \
       .Attr<int64_t>("algorithm")                        \
       .Attr<int64_t>("op")                               \
-      .Attr<int64_t>("skip_rank")
+      .Attr<int64_t>("skip_rank")                        \
+      .Attr<int64_t>("one_launch")
 #define JAXLL_VIRTUAL_RMSNORM_BINDING                    \
   ffi::Ffi::Bind()                                       \
       .Ctx<ffi::PlatformStream<cudaStream_t>>()          \
@@ -470,7 +509,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_handler, AllReduceExecute,
       .Ret<ffi::AnyBuffer>()                             \
       .Attr<int64_t>("comm")                             \
       .Attr<float>("eps")                                \
-      .Attr<int32_t>("protocol")
+      .Attr<int32_t>("protocol")                         \
+      .Attr<int64_t>("one_launch")
 
 // The virtual-rank handlers, each twice: outside command buffers (the host
 // checks the ranks' error words at every run), and as a twin XLA may capture

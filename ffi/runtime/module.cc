@@ -399,19 +399,22 @@ NB_MODULE(_jaxll, m) {
                                         count, iters, reps);
   }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "count"_a, "iters"_a, "reps"_a);
   m.def("virtual_rmsnorm_bench", [](int64_t id, int dtype, int64_t tokens, int64_t hidden,
-                                    int iters, int reps, int protocol) {
+                                    int iters, int reps, int protocol, bool one_launch) {
     Workspace& c = workspace_or_throw(id);
     const RmsNormProtocol p = rmsnorm_protocol(protocol);
     nb::gil_scoped_release release;
-    return virtual_rmsnorm_bench(c, static_cast<DType>(dtype), tokens, hidden, iters, reps, p);
-  }, "id"_a, "dtype"_a, "tokens"_a, "hidden"_a, "iters"_a, "reps"_a, "protocol"_a = 0);
+    return virtual_rmsnorm_bench(c, static_cast<DType>(dtype), tokens, hidden, iters, reps, p,
+                                 one_launch);
+  }, "id"_a, "dtype"_a, "tokens"_a, "hidden"_a, "iters"_a, "reps"_a, "protocol"_a = 0,
+        "one_launch"_a = false);
   m.def("virtual_bench", [](int64_t id, int algorithm, int dtype, int op, int64_t count, int iters,
-                            int reps) {
+                            int reps, bool one_launch) {
     Workspace& c = workspace_or_throw(id);
     nb::gil_scoped_release release;
     return virtual_bench(c, static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
-                         static_cast<ReduceOp>(op), count, iters, reps);
-  }, "id"_a, "algorithm"_a, "dtype"_a, "op"_a, "count"_a, "iters"_a, "reps"_a);
+                         static_cast<ReduceOp>(op), count, iters, reps, one_launch);
+  }, "id"_a, "algorithm"_a, "dtype"_a, "op"_a, "count"_a, "iters"_a, "reps"_a,
+        "one_launch"_a = false);
 
   m.def("probe_l2_fence_us", [](int device, int iters, bool with_store) {
     nb::gil_scoped_release release;
@@ -424,9 +427,9 @@ NB_MODULE(_jaxll, m) {
   }, "device_a"_a, "device_b"_a, "iters"_a,
         "One-way latency of a flag ping-pong between a block on each device (may be equal).");
 
-  m.def("virtual_floor", [](int64_t id, int iters, int reps) {
+  m.def("virtual_floor", [](int64_t id, int iters, int reps, bool one_launch) {
     Workspace& c = workspace_or_throw(id);
     nb::gil_scoped_release release;
-    return virtual_floor(c, iters, reps);
-  }, "id"_a, "iters"_a, "reps"_a);
+    return virtual_floor(c, iters, reps, one_launch);
+  }, "id"_a, "iters"_a, "reps"_a, "one_launch"_a = false);
 }

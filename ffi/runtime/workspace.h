@@ -72,6 +72,13 @@ class Workspace {
   int group_count() const { return static_cast<int>(groups_.size()); }
   int group_size() const { return groups_.empty() ? 0 : static_cast<int>(groups_[0].size()); }
   Rank& rank(int group, int r) const { return *groups_[group][r]; }
+  // The views of group `group`'s ranks, in rank order (every rank must be local:
+  // a virtual-rank workspace's; for the group launches of all_reduce.h).
+  std::vector<RankView> views(int group) const {
+    std::vector<RankView> out;
+    for (const auto& r : groups_[group]) out.push_back(r->view);
+    return out;
+  }
   // The rank a (non-virtual) workspace runs on CUDA device `ordinal`, or null.
   Rank* rank_for_ordinal(int ordinal) const;
 

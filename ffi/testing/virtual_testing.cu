@@ -319,9 +319,12 @@ StressResult stress_op(Workspace& ws, const std::vector<Algorithm>& a, DType d, 
 }
 
 // Captures `iters` rounds of `enqueue(rank, stream)` on every rank's stream into
-// one graph, replays it `reps` times and returns microseconds per round.
+// one graph, replays it `reps` times and returns microseconds per round. With
+// `one_launch` a round is one `enqueue(-1, stream)` on rank 0's stream: every
+// rank's call in one launch.
 template <class Enqueue>
-std::vector<double> time_graph(Workspace& ws, int iters, int reps, Enqueue&& enqueue) {
+std::vector<double> time_graph(Workspace& ws, int iters, int reps, bool one_launch,
+                               Enqueue&& enqueue) {
   const int n = ws.group_size();
   cudaStream_t origin;
   check_cuda(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking), "creating a stream");
@@ -341,8 +344,13 @@ std::vector<double> time_graph(Workspace& ws, int iters, int reps, Enqueue&& enq
     check_cuda(cudaEventRecord(ws.fork_event(), origin), "capturing the fork");
     for (int r = 0; r < n; ++r)
       check_cuda(cudaStreamWaitEvent(ws.rank(0, r).stream, ws.fork_event(), 0), "capturing");
-    for (int k = 0; k < iters; ++k)
+    for (int k = 0; k < iters; ++k) {
+      if (one_launch) {
+        check_cuda(enqueue(-1, ws.rank(0, 0).stream), "capturing a call");
+        continue;
+      }
       for (int r = 0; r < n; ++r) check_cuda(enqueue(r, ws.rank(0, r).stream), "capturing a call");
+    }
     for (int r = 0; r < n; ++r) {
       check_cuda(cudaEventRecord(ws.rank(0, r).done, ws.rank(0, r).stream), "capturing");
       check_cuda(cudaStreamWaitEvent(origin, ws.rank(0, r).done, 0), "capturing the join");
@@ -593,7 +601,7 @@ StressResult virtual_stress(Workspace& ws, const std::vector<Algorithm>& algorit
 }
 
 std::vector<double> virtual_bench(Workspace& ws, Algorithm algorithm, DType dtype, ReduceOp op,
-                                  int64_t count, int iters, int reps) {
+                                  int64_t count, int iters, int reps, bool one_launch) {
   if (!ws.virtual_ranks()) throw std::runtime_error("virtual_bench needs a virtual-rank workspace");
   if (count <= 0 || iters <= 0 || reps <= 0) throw std::runtime_error("count, iters and reps must be positive");
   DeviceGuard guard(ws.rank(0, 0).ordinal);
@@ -608,14 +616,20 @@ std::vector<double> virtual_bench(Workspace& ws, Algorithm algorithm, DType dtyp
     check_cuda(cudaMemset(in[r], 0x11, bytes), "filling inputs");
   }
   check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
-  return time_graph(ws, iters, reps, [&](int r, cudaStream_t s) {
+  const std::vector<RankView> views = ws.views(0);
+  std::vector<const void*> ins(in.begin(), in.end());
+  return time_graph(ws, iters, reps, one_launch, [&](int r, cudaStream_t s) {
+    if (r < 0) {
+      return launch_all_reduce_group(algorithm, dtype, op, views.data(), n, ins.data(), out.data(),
+                                     count, s);
+    }
     return launch_all_reduce(algorithm, dtype, op, ws.rank(0, r).view, in[r], out[r], count, s);
   });
 }
 
 std::vector<double> virtual_rmsnorm_bench(Workspace& ws, DType dtype, int64_t tokens,
                                           int64_t hidden, int iters, int reps,
-                                          RmsNormProtocol protocol) {
+                                          RmsNormProtocol protocol, bool one_launch) {
   if (!ws.virtual_ranks()) throw std::runtime_error("virtual_rmsnorm_bench needs a virtual-rank workspace");
   if (tokens <= 0 || hidden <= 0 || iters <= 0 || reps <= 0) {
     throw std::runtime_error("tokens, hidden, iters and reps must be positive");
@@ -642,7 +656,14 @@ std::vector<double> virtual_rmsnorm_bench(Workspace& ws, DType dtype, int64_t to
   check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
   if (plan_all_reduce_rmsnorm(dtype, ws.rank(0, 0).view, tokens, hidden, protocol).blocks == 0)
     check_rmsnorm_launch(cudaErrorNotSupported, protocol);
-  return time_graph(ws, iters, reps, [&](int r, cudaStream_t s) {
+  const std::vector<RankView> views = ws.views(0);
+  std::vector<RmsNormOperands> ops(n);
+  for (int r = 0; r < n; ++r) ops[r] = {x[r], res[r], w, normed[r], nres[r]};
+  return time_graph(ws, iters, reps, one_launch, [&](int r, cudaStream_t s) {
+    if (r < 0) {
+      return launch_all_reduce_rmsnorm_group(dtype, views.data(), n, ops.data(), tokens, hidden,
+                                             1e-6f, s, protocol);
+    }
     return launch_all_reduce_rmsnorm(dtype, ws.rank(0, r).view, x[r], res[r], w, normed[r],
                                      nres[r], tokens, hidden, 1e-6f, s, protocol);
   });
@@ -668,15 +689,15 @@ std::vector<double> virtual_gather_scatter_bench(Workspace& ws, Collective c, Al
     check_cuda(cudaMemset(in[r], 0x11, in_bytes), "filling inputs");
   }
   check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
-  return time_graph(ws, iters, reps, [&](int r, cudaStream_t s) {
+  return time_graph(ws, iters, reps, false, [&](int r, cudaStream_t s) {
     return launch_gather_scatter(c, algorithm, dtype, ws.rank(0, r).view, in[r], out[r], count, s);
   });
 }
 
-std::vector<double> virtual_floor(Workspace& ws, int iters, int reps) {
+std::vector<double> virtual_floor(Workspace& ws, int iters, int reps, bool one_launch) {
   if (!ws.virtual_ranks()) throw std::runtime_error("virtual_floor needs a virtual-rank workspace");
   DeviceGuard guard(ws.rank(0, 0).ordinal);
-  return time_graph(ws, iters, reps, [&](int, cudaStream_t s) { return launch_empty(s); });
+  return time_graph(ws, iters, reps, one_launch, [&](int, cudaStream_t s) { return launch_empty(s); });
 }
 
 }  // namespace jaxll

@@ -39,12 +39,14 @@ StressResult virtual_stress(Workspace& ws, const std::vector<Algorithm>& algorit
 
 // Kernel time of one all-reduce, in microseconds, once per repetition: a CUDA
 // graph holds `iters` consecutive calls on every rank's stream (no joins between
-// calls) and is replayed `reps` times under CUDA events.
+// calls) and is replayed `reps` times under CUDA events. With `one_launch` each
+// call is every rank's in one launch (launch_all_reduce_group) on one stream.
 std::vector<double> virtual_bench(Workspace& ws, Algorithm algorithm, DType dtype, ReduceOp op,
-                                  int64_t count, int iters, int reps);
+                                  int64_t count, int iters, int reps, bool one_launch = false);
 
-// The same graph with an empty kernel per rank and call: the graph-node floor.
-std::vector<double> virtual_floor(Workspace& ws, int iters, int reps);
+// The same graph with an empty kernel per rank and call (`one_launch`: one empty
+// kernel per call): the graph-node floor.
+std::vector<double> virtual_floor(Workspace& ws, int iters, int reps, bool one_launch = false);
 
 // One rank's part in virtual_calls.
 struct RankCall {
@@ -98,7 +100,8 @@ GatherScatterResult virtual_gather_scatter(Workspace& ws, Collective c, Algorith
 // measures the all-reduce's.
 std::vector<double> virtual_rmsnorm_bench(Workspace& ws, DType dtype, int64_t tokens,
                                           int64_t hidden, int iters, int reps,
-                                          RmsNormProtocol protocol = RmsNormProtocol::kAuto);
+                                          RmsNormProtocol protocol = RmsNormProtocol::kAuto,
+                                          bool one_launch = false);
 
 // Per-call time (us) of the all-gather or reduce-scatter kernel on every
 // virtual rank, measured as virtual_bench measures the all-reduce's.

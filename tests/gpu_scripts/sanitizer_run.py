@@ -3,7 +3,8 @@ initcheck; tests/gpu_scripts/sanitizers.sh runs all four).
 The fused all-reduce + residual + RMSNorm kernels run too (three shapes per N, one-shot
 and two-shot, LL16 and sentinel; then the decode shape, rows of 8192 bf16, whose
 one-row-wave kernel adds a clustered row's squares by st.async: the run fails
-unless that path ran), and
+unless that path ran), the group twins of the kernels (every rank's blocks in one
+launch: each all-reduce kernel, the fused decode-shape and two-shot cuts), and
 the all-gather and reduce-scatter kernels (the LL16, sentinel and barrier kernels, two sizes per N).
 
   compute-sanitizer --tool racecheck python3 tests/gpu_scripts/sanitizer_run.py [CALLS] [RANKS]
@@ -93,6 +94,23 @@ for n in ranks:
   if n > 1 and not clustered:
     print(n, "rmsnorm decode: no call took the clustered one-row-wave kernel", flush=True)
     bad += 1
+  # the group twins (every rank's blocks in one launch, jaxll.testing's
+  # one_launch): each all-reduce kernel on 4 KiB of scratch (several rounds),
+  # the fused kernel's decode shape on auto and its two-shot cut, two calls in
+  # a graph each (the graph timers; a recorded error raises)
+  for name, code, count in [(k, algorithms.SPECS[k].code, 3001) for k in algorithms.KERNELS] + [
+      ("rmsnorm", auto, 1), ("rmsnorm", auto, 2), ("rmsnorm", TWOSHOT_SENTINEL, 4)]:
+    try:
+      if name == "rmsnorm":
+        ext.virtual_rmsnorm_bench(big, algorithms.DTYPE_CODES["bfloat16"], count, 8192, 2, 1, code,
+                                  one_launch=True)
+      else:
+        ext.virtual_bench(comm, code, algorithms.DTYPE_CODES["float32"],
+                          algorithms.OP_CODES["sum"], count, 2, 1, one_launch=True)
+      print(n, "one launch", name, code, count, "no error", flush=True)
+    except (RuntimeError, ValueError) as e:
+      print(n, "one launch", name, code, count, e, flush=True)
+      bad += 1
   ext.free_workspace(big)
   # all-gather (2) and reduce-scatter (3), the three protocols, several rounds
   # of pieces (4 KiB of scratch): each output checked against numpy here (small
