@@ -228,14 +228,18 @@ cudaError_t launch_all_reduce_group(Algorithm algorithm, DType dtype, ReduceOp o
 
 std::vector<const void*> all_kernel_functions() {
   std::vector<const void*> out;
-  for (const KernelEntry& e : table().entries()) {
-    out.push_back(e.fn);
-    out.push_back(e.group_fn);
-  }
+  for (const KernelEntry& e : table().entries()) out.push_back(e.fn);
   for (const void* fn : rmsnorm_kernel_functions()) out.push_back(fn);
   for (const void* fn : gather_scatter_kernel_functions()) out.push_back(fn);
   out.push_back(reinterpret_cast<const void*>(&fill_i32_kernel));
   out.push_back(reinterpret_cast<const void*>(&empty_kernel));
+  return out;
+}
+
+std::vector<const void*> group_kernel_functions() {
+  std::vector<const void*> out;
+  for (const KernelEntry& e : table().entries()) out.push_back(e.group_fn);
+  for (const void* fn : rmsnorm_kernel_functions(true)) out.push_back(fn);
   return out;
 }
 

@@ -83,9 +83,13 @@ cudaError_t launch_all_reduce_group(Algorithm algorithm, DType dtype, ReduceOp o
                                     const RankView* views, int n, const void* const* in,
                                     void* const* out, int64_t count, cudaStream_t stream);
 
-// Every __global__ function of the library (group twins included), so that a workspace can load them all
-// on a device before first use and bound grids by their occupancy.
+// Every __global__ function of the library but the group twins, so that a
+// workspace can load them all on a device before first use and bound grids by
+// their occupancy.
 std::vector<const void*> all_kernel_functions();
+// The group twins (launch_all_reduce_group, launch_all_reduce_rmsnorm_group):
+// loaded, and counted in the grid bound, for virtual-rank workspaces only.
+std::vector<const void*> group_kernel_functions();
 
 // All-reduce + residual + RMSNorm (all_reduce_rmsnorm.cu): x, residual, normed
 // and new_residual are (tokens, hidden) of `dtype`, weight (hidden,). Null when
@@ -158,8 +162,8 @@ cudaError_t launch_all_reduce_rmsnorm_group(DType dtype, const RankView* views, 
                                             const RmsNormOperands* ops, int64_t tokens,
                                             int64_t hidden, float eps, cudaStream_t stream,
                                             RmsNormProtocol protocol = RmsNormProtocol::kAuto);
-// Every kernel of the fused call, group twins included.
-std::vector<const void*> rmsnorm_kernel_functions();
+// Every kernel of the fused call (`group`: their group twins instead).
+std::vector<const void*> rmsnorm_kernel_functions(bool group = false);
 // How a call of the fused kernel is cut (what launch_all_reduce_rmsnorm does):
 // rows of `segments` blocks of `threads` threads, `rows_at_once` rows at a time
 // in `waves` row-waves, the S blocks of a row one thread-block cluster when

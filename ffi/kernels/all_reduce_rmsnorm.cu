@@ -1038,17 +1038,15 @@ const char* rmsnorm_refusal(RmsNormProtocol p) {
   }
 }
 
-std::vector<const void*> rmsnorm_kernel_functions() {
+std::vector<const void*> rmsnorm_kernel_functions(bool group) {
   std::vector<const void*> out;
-  for (bool group : {false, true}) {
-    for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
-      out.push_back(rmsnorm_kernel_for(d, group));
-      for (Proto p : {Proto::kLL, Proto::kSentinel}) {
-        for (int nr : {0, 2, 4, 8}) out.push_back(lean_kernel_for(d, nr, p, group));
-        for (int nr : {0, 4, 8})
-          for (int units : {1, kRmsNormTwoShotUnits})
-            out.push_back(twoshot_kernel_for(d, nr, p, units, group));
-      }
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+    out.push_back(rmsnorm_kernel_for(d, group));
+    for (Proto p : {Proto::kLL, Proto::kSentinel}) {
+      for (int nr : {0, 2, 4, 8}) out.push_back(lean_kernel_for(d, nr, p, group));
+      for (int nr : {0, 4, 8})
+        for (int units : {1, kRmsNormTwoShotUnits})
+          out.push_back(twoshot_kernel_for(d, nr, p, units, group));
     }
   }
   return out;

@@ -62,11 +62,22 @@ int shared_memory_carveout() {
   return static_cast<int>(v);
 }
 
+// The collective kernels a workspace launches: with `group_twins` (virtual
+// ranks) their twins for one launch of every rank too.
+std::vector<const void*> collective_kernels(bool group_twins) {
+  std::vector<const void*> fns = all_kernel_functions();
+  if (group_twins) {
+    const std::vector<const void*> twins = group_kernel_functions();
+    fns.insert(fns.end(), twins.begin(), twins.end());
+  }
+  return fns;
+}
+
 // Loads every kernel jaxll may launch on the current device. With CUDA's lazy
 // loading, a kernel loaded on first launch while a collective spins elsewhere
 // can stall behind it until the collective's deadline; so nothing is left lazy.
-void load_all_kernels() {
-  std::vector<const void*> fns = all_kernel_functions();
+void load_all_kernels(bool group_twins) {
+  std::vector<const void*> fns = collective_kernels(group_twins);
   {
     std::lock_guard<std::mutex> lock(g_preload_mutex);
     fns.insert(fns.end(), preloaded_kernels().begin(), preloaded_kernels().end());
@@ -83,9 +94,9 @@ void load_all_kernels() {
 }
 
 // Occupancy of the least-occupying collective kernel at kBlockThreads threads.
-int min_blocks_per_sm() {
+int min_blocks_per_sm(bool group_twins) {
   int best = 1 << 30;
-  for (const void* fn : all_kernel_functions()) {
+  for (const void* fn : collective_kernels(group_twins)) {
     int blocks = 0;
     check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kBlockThreads, 0),
                "querying kernel occupancy");
@@ -180,13 +191,13 @@ bool check_signatures() {
   throw std::runtime_error("JAXLL_SIGNATURES must be 0 or 1, got '" + want + "'");
 }
 
-int device_block_bound(int ordinal) {
+int device_block_bound(int ordinal, bool group_twins) {
   DeviceGuard guard(ordinal);
   int sms = 0;
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal),
              "querying the multiprocessor count");
-  load_all_kernels();
-  return sms * min_blocks_per_sm();
+  load_all_kernels(group_twins);
+  return sms * min_blocks_per_sm(group_twins);
 }
 
 std::string device_uuid(int ordinal) {
@@ -292,7 +303,7 @@ std::unique_ptr<Workspace> Workspace::Create(int id, const std::vector<std::vect
       for (int o : g) {
         if (o < 0 || std::find(seen.begin(), seen.end(), o) != seen.end()) continue;
         seen.push_back(o);
-        max_blocks = std::min(max_blocks, device_block_bound(o) / ranks_per_device);
+        max_blocks = std::min(max_blocks, device_block_bound(o, virtual_ranks) / ranks_per_device);
       }
     }
     if (max_blocks_agreed > 0) max_blocks = std::min(max_blocks_agreed, kMaxBlocks);

@@ -137,8 +137,9 @@ class Workspace {
 void register_preloaded_kernels(const std::vector<const void*>& fns);
 
 // SMs times the lowest occupancy of jaxll's kernels on CUDA device `ordinal`
-// (loads every kernel there): the most blocks that can be co-resident.
-int device_block_bound(int ordinal);
+// (loads every kernel there; `group_twins`: the group twins too, as virtual-rank
+// workspaces do): the most blocks that can be co-resident.
+int device_block_bound(int ordinal, bool group_twins = false);
 // The device's UUID as 32 hex digits (tells processes that share a GPU apart).
 std::string device_uuid(int ordinal);
 
