@@ -12,6 +12,9 @@ epochs, double buffering, timeouts) can be tested and tuned on one GPU.
 - :func:`kernel_time_us`, :func:`rmsnorm_kernel_time_us`,
   :func:`gather_scatter_time_us` and :func:`graph_floor_us` time kernels inside
   CUDA graphs.
+- ``one_launch=True`` (the jittable calls and the all-reduce and fused timers)
+  runs every rank's call as one kernel launch on one stream instead of a fork
+  onto the ranks' streams: rank r's blocks are those with ``blockIdx.y == r``.
 
 All ranks share one GPU, so every rank's kernel must be resident at once (the
 workspace bounds grids for that) and no rank's all-reduce may sit in a hardware
