@@ -10,6 +10,7 @@
 // barrier between rounds or calls.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "all_reduce.h"
@@ -44,6 +45,11 @@ template <class Args>
 struct GroupArgs {
   Args rank[kMaxRanks];
 };
+// The most bytes of parameters a kernel may take (CUDA 12.1 and newer, with a
+// driver of release 530 or newer; before that 4 KB, less than a GroupArgs).
+constexpr size_t kMaxKernelParamBytes = 32764;
+static_assert(sizeof(GroupArgs<AllReduceArgs>) <= kMaxKernelParamBytes,
+              "a virtual group's all-reduce arguments exceed a kernel's parameter space");
 
 // This block's units [u0, u1) and its number of rounds.
 struct BlockShare {

@@ -101,6 +101,8 @@ struct RmsNormArgs {
   int skip;  // (phases builds only) JAXLL_FUSED_SKIP, see JAXLL_SKIP
 #endif
 };
+static_assert(sizeof(GroupArgs<RmsNormArgs>) <= kMaxKernelParamBytes,
+              "a virtual group's fused-call arguments exceed a kernel's parameter space");
 
 // (phases builds of the test harness only) JAXLL_FUSED_SKIP=bits leaves parts
 // of the two-shot kernel (and bit 2 of the decode-shape kernel too) out, to

@@ -78,14 +78,21 @@ ffi::Error use_device(int ordinal) {
   return ffi::Error::Success();
 }
 
-ffi::Error launch_error(cudaError_t e, const Workspace& c, const std::string& what) {
-  if (e == cudaErrorInvalidValue) {
+// A launcher's error. cudaErrorInvalidValue means "no kernel for the
+// combination" only where `kernel_exists` is false; where the call has a kernel
+// it is the launch that failed (a grid, cluster or parameter block CUDA
+// refused, or, in one launch of virtual ranks, ranks whose plans differ), and
+// it is reported as such rather than blamed on the call's types.
+ffi::Error launch_error(cudaError_t e, const Workspace& c, const std::string& what,
+                        bool kernel_exists) {
+  if (e == cudaErrorInvalidValue && !kernel_exists) {
     return ffi::Error::InvalidArgument(
         "jaxll: workspace " + std::to_string(c.id()) + " has no kernel for " + what +
         " (algorithm, element type and reduction do not go together)");
   }
-  return ffi::Error::Internal("jaxll: launching " + what + " failed: " + cudaGetErrorName(e) +
-                              " (" + cudaGetErrorString(e) + ")");
+  return ffi::Error::Internal("jaxll: launching " + what + " on workspace " +
+                              std::to_string(c.id()) + " failed: " + cudaGetErrorName(e) + " (" +
+                              cudaGetErrorString(e) + ")");
 }
 
 // The rank of workspace `workspace_id` on device `ordinal`, ready for a call: it
@@ -135,7 +142,10 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer
   cudaError_t e = launch_all_reduce(static_cast<Algorithm>(algorithm), dtype,
                                     static_cast<ReduceOp>(op), r->view, x.untyped_data(),
                                     y->untyped_data(), count, stream);
-  if (e != cudaSuccess) return launch_error(e, *c, "an all-reduce of " + std::to_string(count) + " elements");
+  if (e != cudaSuccess) {
+    return launch_error(e, *c, "an all-reduce of " + std::to_string(count) + " elements",
+                        has_kernel(static_cast<Algorithm>(algorithm), dtype, static_cast<ReduceOp>(op)));
+  }
   return ffi::Error::Success();
 }
 
@@ -243,7 +253,10 @@ ffi::Error VirtualAllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::An
                                static_cast<char*>(y->untyped_data()) + i * row_bytes, count, r.stream);
     });
   }
-  if (e != cudaSuccess) return launch_error(e, *c, "a virtual all-reduce of " + std::to_string(count) + " elements per rank");
+  if (e != cudaSuccess) {
+    return launch_error(e, *c, "a virtual all-reduce of " + std::to_string(count) + " elements per rank",
+                        has_kernel(static_cast<Algorithm>(algorithm), dtype, static_cast<ReduceOp>(op)));
+  }
   return ffi::Error::Success();
 }
 
@@ -260,7 +273,8 @@ ffi::Error to_rmsnorm_protocol(int32_t code, RmsNormProtocol* out) {
 }
 
 // A fused launch's error: a protocol asked for where it cannot serve is the
-// caller's (InvalidArgument), the rest as launch_error reports them.
+// caller's (InvalidArgument), the rest as launch_error reports them (the
+// callers have checked rmsnorm_unsupported: the kernel exists).
 ffi::Error rmsnorm_launch_error(cudaError_t e, Workspace& c, const std::string& what,
                                 RmsNormProtocol protocol) {
   if (e == cudaErrorNotSupported) {
@@ -268,7 +282,7 @@ ffi::Error rmsnorm_launch_error(cudaError_t e, Workspace& c, const std::string& 
                                        "this call: " + rmsnorm_refusal(protocol) +
                                        "; use protocol auto or LL16");
   }
-  return launch_error(e, c, what);
+  return launch_error(e, c, what, true);
 }
 
 // The fused all-reduce + residual + RMSNorm on N virtual ranks: x, residual,
@@ -438,7 +452,8 @@ ffi::Error GatherScatterExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBu
                                         x.untyped_data(), y->untyped_data(), count, stream);
   if (e != cudaSuccess) {
     return launch_error(e, *c, std::string(gather ? "an all_gather" : "a psum_scatter") + " of pieces of " +
-                                   std::to_string(count) + " elements");
+                                   std::to_string(count) + " elements",
+                        true);  // (has_gather_scatter_kernel above)
   }
   return ffi::Error::Success();
 }
