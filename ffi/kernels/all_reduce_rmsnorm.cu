@@ -9,10 +9,12 @@
 // order (bitwise the result jaxll.all_reduce gives), adds the residual in
 // float32 and rounds once (new_residual), and accumulates the squares of the
 // rounded values. The S blocks of a row then combine their partial sums of
-// squares, added in segment order so that every block and every rank gets the
+// squares, added in one fixed order so that every block and every rank gets the
 // same sum: on devices that launch thread-block clusters (compute capability
 // 9.0 and newer) the S blocks of a row form one cluster (S <= 8) and trade
-// their partials through distributed shared memory and the cluster barrier;
+// their partials through distributed shared memory (rmsnorm_kernel: block
+// sums in segment order, the cluster barrier; the one-row-wave kernels: every
+// warp's sum by st.async, counted by an mbarrier, see wave_cluster_total);
 // elsewhere (or where the GPU cannot hold every rank's clusters at once)
 // through this rank's header, as LL16 packets tagged with a per-call tag. Each
 // block then writes normed = round(new_residual * rsqrt(mean + eps)) * weight
@@ -341,8 +343,8 @@ __device__ __forceinline__ float cluster_row_total(float part, int parity, int s
 __device__ __forceinline__ void cluster_drain(const RmsNormArgs& a, const Segment& g,
                                               int64_t from, bool* entered) {
   for (int64_t k = from; k < g.rows; ++k) {
-    bool failed = false;
-    cluster_row_total(0.f, static_cast<int>(k & 1), a.segments, &failed, entered);
+    bool ok = false;  // (sends its failure)
+    cluster_row_total(0.f, static_cast<int>(k & 1), a.segments, &ok, entered);
   }
 }
 
@@ -425,6 +427,9 @@ __device__ __forceinline__ float wave_cluster_total(float squares, int segments,
                  ::"r"(slot), "r"(__float_as_uint(v)), "r"(__float_as_uint(bad)), "r"(bar)
                  : "memory");
   }
+  // (not a bounded wait, as the cluster barrier it replaces is not: every
+  // sibling reaches its send above through bounded waits only, which end in a
+  // failure it sends rather than in a return)
   const uint32_t bar = shared_address(&s.bar);
   uint32_t done = 0;
   while (!done) {
@@ -460,8 +465,8 @@ template <class T, int W>
 __device__ __forceinline__ void wave_give_up(const RmsNormArgs& a, const Segment& g, bool* entered) {
   poison_segments<T, W>(a, g);
   if (a.clustered) {
-    bool failed = false;
-    wave_cluster_total(0.f, a.segments, &failed, entered);
+    bool ok = false;  // (sends its failure)
+    wave_cluster_total(0.f, a.segments, &ok, entered);
   }
 }
 
