@@ -521,6 +521,89 @@ def test_fused_benchmark_virtual_mode_needs_a_gpu(tmp_path):
   assert "needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_fused_benchmark_virtual_rows_with_both_launches(monkeypatch, tmp_path):
+  """benchmarks/fused_rmsnorm.py --virtual N --launch streams,one --donate, its
+  Python end to end on CPU: jaxll.testing's GPU calls and timers replaced by
+  stand-ins that record how they were called (the all-reduce as a sum over the
+  ranks' rows, the fused call as that sum followed by the norm math). Every
+  call and timer of a row takes that row's launch mode, each mode subtracts its
+  own graph floor, and the rows reach --json."""
+  import argparse
+  import importlib.util
+  import json
+  import os
+  from jaxll import fused, testing
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                      "fused_rmsnorm.py")
+  spec = importlib.util.spec_from_file_location("fused_rmsnorm_bench_virtual", path)
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+  cpu_devices = jax.devices
+  monkeypatch.setattr(jax, "devices", lambda backend=None: cpu_devices("cpu"))
+  calls = []
+  floors = {False: 1.5, True: 0.5}
+
+  def reduced(x):
+    return jnp.broadcast_to(x.astype(jnp.float32).sum(0).astype(x.dtype), x.shape)
+
+  def all_reduce(x, *, algorithm, device, command_buffer, one_launch):
+    calls.append(("all_reduce", one_launch, algorithm))
+    assert command_buffer
+    return reduced(x)
+
+  def fused_rmsnorm(x, r, w, *, eps, device, command_buffer, protocol, one_launch):
+    calls.append(("fused", one_launch, protocol))
+    return fused.residual_rmsnorm(reduced(x), r, w, eps=eps)
+
+  def fused_time(n, tokens, hidden, *, dtype="bfloat16", iters=200, reps=20, protocol="auto",
+                 one_launch=False):
+    # (iters=reps=1: protocol_serves' probe of whether the exchange serves)
+    calls.append(("probe" if iters == reps == 1 else "fused_time", one_launch, protocol))
+    return [7.0, 8.0, 9.0]
+
+  def all_reduce_time(n, nbytes, *, dtype, algorithm, iters, one_launch=False):
+    calls.append(("all_reduce_time", one_launch, algorithm))
+    return [4.0]
+
+  def floor(n, *, iters, one_launch=False):
+    calls.append(("floor", one_launch, n))
+    return [floors[one_launch]]
+
+  monkeypatch.setattr(testing, "virtual_all_reduce", all_reduce)
+  monkeypatch.setattr(testing, "virtual_fused_rmsnorm", fused_rmsnorm)
+  monkeypatch.setattr(testing, "rmsnorm_kernel_time_us", fused_time)
+  monkeypatch.setattr(testing, "kernel_time_us", all_reduce_time)
+  monkeypatch.setattr(testing, "graph_floor_us", floor)
+  out = tmp_path / "v.json"
+  opts = argparse.Namespace(virtual=[2], launch=bench.parse_launch("streams,one"),
+                            shapes=bench.parse_shapes("2x256"), donate=True, graph_iters=3,
+                            no_command_buffer=False, composed="auto",
+                            fused=bench.parse_fused("fused,fused_sentinel"), chain=2, runs=2,
+                            reps=3, json=str(out))
+  rows = bench.virtual_rows(opts)
+  assert [r["launch"] for r in rows] == ["streams", "one"]
+  for row in rows:
+    one = row["launch"] == "one"
+    assert row["graph_floor_us"] == floors[one]
+    assert row["fused_kernel_us"] == row["fused_sentinel_kernel_us"] == 8.0 - floors[one]
+    assert row["all_reduce_kernel_us"] == 4.0 - floors[one]
+    for v in ("fused", "fused_sentinel"):
+      assert row[f"{v}_new_residual_equal"] and row[f"{v}_normed_max_abs_diff"] == 0.0
+      assert len(row[f"{v}_reps_us"]) == 3 and row[f"{v}_speedup"] > 0
+    assert row["composed_us"] > 0 and row["xla_norm_us"] > 0
+  assert [c for c in calls if c[0] == "floor"] == [("floor", False, 2), ("floor", True, 2)]
+  split = calls.index(("floor", True, 2))
+  for row_calls, one in ((calls[:split], False), (calls[split:], True)):
+    kinds = {c[0] for c in row_calls if c[0] != "probe"}
+    assert kinds == {"floor", "all_reduce", "fused", "fused_time", "all_reduce_time"}, kinds
+    assert all(c[1] is one for c in row_calls if c[0] != "probe"), row_calls
+    assert {c[2] for c in row_calls if c[0] == "fused_time"} == {"auto", "sentinel"}
+    assert ("probe", False, "sentinel") in row_calls
+  saved = json.loads(out.read_text())
+  assert saved["launch"] == ["streams", "one"] and len(saved["rows"]) == 2
+
+
 def test_virtual_fused_call_checks_its_operands():
   """jaxll.testing.virtual_fused_rmsnorm refuses bad shapes and mixed dtypes
   before it looks for a GPU."""
