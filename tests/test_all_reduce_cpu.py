@@ -6,6 +6,7 @@ many call sites, errors, path reporting) independently of the kernels.
 """
 
 import re
+import types
 
 import jax
 import jax.numpy as jnp
@@ -274,6 +275,33 @@ def test_virtual_one_launch_runs_every_rank():
   import jaxll.testing
   with pytest.raises(ValueError, match="one_launch runs every rank"):
     jaxll.testing.virtual_all_reduce(np.ones((2, 3), np.float32), one_launch=True, _skip_rank=1)
+
+
+@pytest.mark.parametrize("one_launch", [False, True])
+@pytest.mark.parametrize("command_buffer", [False, True])
+def test_virtual_calls_lower_with_their_attributes(monkeypatch, one_launch, command_buffer):
+  # the virtual all-reduce and fused calls lowered for CUDA (no GPU: the
+  # workspace lookup stood in for): one_launch reaches the custom call as the
+  # 64-bit integer the FFI handlers declare, beside the other attributes
+  import jaxll.testing as jt
+  monkeypatch.setattr(jt, "virtual_workspace", lambda n, device=None, config=None:
+                      types.SimpleNamespace(id=7))
+  x = jax.ShapeDtypeStruct((2, 3, 64), np.float32)
+  w = jax.ShapeDtypeStruct((64,), np.float32)
+  suffix = "_graph" if command_buffer else ""
+  f = lambda x: jt.virtual_all_reduce(x, algorithm="oneshot_ll", command_buffer=command_buffer,
+                                      one_launch=one_launch)
+  text = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  assert f"@jaxll_virtual_all_reduce{suffix}(" in text
+  for attr in ("comm = 7 : i64", "skip_rank = -1 : i64", f"one_launch = {int(one_launch)} : i64"):
+    assert attr in text, text
+  g = lambda x, r, w: jt.virtual_fused_rmsnorm(x, r, w, command_buffer=command_buffer,
+                                               protocol="sentinel", one_launch=one_launch)
+  text = jax.jit(g).trace(x, x, w).lower(lowering_platforms=("cuda",)).as_text()
+  assert f"@jaxll_virtual_all_reduce_rmsnorm{suffix}(" in text
+  code = algorithms.RMSNORM_PROTOCOL_CODES["sentinel"]
+  for attr in ("comm = 7 : i64", f"protocol = {code} : i32", f"one_launch = {int(one_launch)} : i64"):
+    assert attr in text, text
 
 
 def _kernel_call_chains(text: str) -> list[list[tuple[str, str]]]:
