@@ -77,26 +77,41 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto"):
                                         algorithm=algorithm), x)
 
 
-def _normalize_axes(axis_name) -> tuple:
+def _normalize_axes(axis_name, who: str = "jaxll.all_reduce") -> tuple:
+  """``axis_name`` as a tuple of axis names (``who``: the function the errors name)."""
   axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
   for a in axes:
     if isinstance(a, int):
       raise TypeError(
-          f"jaxll.all_reduce reduces over named mesh axes; got the positional "
+          f"{who} reduces over named mesh axes; got the positional "
           f"axis {a!r} (use jnp.sum for array axes)")
   if len(set(axes)) != len(axes):
-    raise ValueError(f"jaxll.all_reduce: axis names repeat in {axes}")
+    raise ValueError(f"{who}: axis names repeat in {axes}")
   return axes
 
 
-def _check_axes_bound(axes: tuple) -> None:
+def _check_axes_bound(axes: tuple, who: str = "jaxll.all_reduce") -> None:
   env = core.get_axis_env()
   missing = [a for a in axes if not env.axis_exists(a)]
   if missing:
     raise NameError(
-        f"jaxll.all_reduce: unknown axis name {missing[0]!r}. Call it inside "
+        f"{who}: unknown axis name {missing[0]!r}. Call it inside "
         f"jax.shard_map (or jax.vmap/pmap with axis_name=...) over a mesh that "
         f"has that axis.")
+
+
+def _collective_pvary(axes: tuple, x, who: str = "jaxll.all_reduce"):
+  """``x`` made varying over ``axes`` under ``check_vma``, as jax.lax's
+  collectives do before they bind (a no-op without ``check_vma``)."""
+  try:
+    return parallel.insert_collective_pvary(axes, x)
+  except AssertionError:
+    raise NotImplementedError(
+        f"{who} over {axes}: an axis is not one of the enclosing "
+        f"shard_map's mesh axes (a jax.vmap axis_name?). With check_vma=True, "
+        f"reductions over vmap axes inside shard_map are not supported (jax.lax.psum "
+        f"fails there too, with a bare AssertionError); reduce the vmapped axis "
+        f"with jnp.sum, or use shard_map(..., check_vma=False).") from None
 
 
 def _all_reduce_leaf(x, *, axes, op, algorithm):
@@ -117,15 +132,7 @@ def _all_reduce_leaf(x, *, axes, op, algorithm):
     # A constant: psum & co. compute it without any communication.
     return _REFERENCE[op](x, axes)
   check_vma = bool(jax_config._check_vma.value)
-  try:
-    x = parallel.insert_collective_pvary(axes, x)
-  except AssertionError:
-    raise NotImplementedError(
-        f"jaxll.all_reduce over {axes}: an axis is not one of the enclosing "
-        f"shard_map's mesh axes (a jax.vmap axis_name?). With check_vma=True, "
-        f"reductions over vmap axes inside shard_map are not supported (jax.lax.psum "
-        f"fails there too, with a bare AssertionError); reduce the vmapped axis "
-        f"with jnp.sum, or use shard_map(..., check_vma=False).") from None
+  x = _collective_pvary(axes, x)
   return all_reduce_p.bind(x, axes=axes, op=op, algorithm=algorithm, check_vma=check_vma)
 
 

@@ -31,12 +31,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import config as jax_config
 from jax._src import core
 from jax._src.interpreters import batching, mlir
 
 from jaxll import algorithms, call_sites, lowering
 from jaxll._ext import ext
-from jaxll.all_reduce import _check_axes_bound, _normalize_axes, all_reduce
+from jaxll.all_reduce import _check_axes_bound, _collective_pvary, _normalize_axes, all_reduce
+
+_WHO = "jaxll.all_reduce_rmsnorm"
 
 FUSED = "fused"
 # The fused kernel with its exchange named: "fused" lets the kernel choose
@@ -123,7 +126,8 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
     residual: the residual stream, the shape and dtype of ``x``.
     weight: the norm's scale, shape ``(hidden,)``.
     axis_name: mesh axis name (or tuple of names) to reduce over.
-    eps: added to the mean square before the reciprocal square root.
+    eps: added to the mean square before the reciprocal square root; a real
+      number >= 0 known when tracing (a Python float or a concrete scalar).
     algorithm: ``"auto"``: the fused kernel for at most
       ``FUSED_AUTO_MAX_BYTES`` of ``x`` per rank (more where it runs on the
       sentinel exchange or two-shot in a group that
@@ -151,9 +155,25 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
       signature mismatch.
 
   Differentiable in ``x``, ``residual`` and ``weight`` (the all-reduce's
-  transpose is psum's). ``jaxll.explain`` lists its all-reduce as a call site
-  of the caller's line.
+  transpose is psum's). Under ``check_vma`` the results' types are the
+  composition's: ``new_residual`` varies over the mesh axes ``x`` varies over
+  other than ``axis_name`` and over those ``residual`` varies over, ``normed``
+  also over those of ``weight``. ``jaxll.explain`` lists the call (op
+  ``sum+rmsnorm``: the kernel it runs, or ``composed`` and why) at the
+  caller's line, and where it is composed, the composition's all-reduce as an
+  entry of its own.
+
+  Raises TypeError or ValueError (naming this function) for an unknown
+  ``algorithm``, an ``eps`` that is negative or not a real number known when
+  tracing, operands whose shapes or dtypes do not fit, a complex or boolean
+  ``weight``, and NameError for an axis name that no enclosing shard_map has.
   """
+  names = ("auto",) + _FUSED_NAMES + tuple(a for a in algorithms.ALGORITHMS if a != "auto")
+  if not isinstance(algorithm, str) or algorithm not in names:
+    raise ValueError(f"{_WHO}: algorithm must be one of {list(names)} (the fused "
+                     f"kernel's names, then jaxll.all_reduce's for the composition), "
+                     f"got {algorithm!r}")
+  eps = _static_eps(eps)
   x = jnp.asarray(x)
   residual = jnp.asarray(residual)
   weight = jnp.asarray(weight)
@@ -168,19 +188,37 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
   if weight.shape != x.shape[-1:]:
     raise ValueError(f"jaxll.all_reduce_rmsnorm: weight must have shape "
                      f"{x.shape[-1:]} (the hidden size), got {weight.shape}")
-  if not eps >= 0:
-    raise ValueError(f"jaxll.all_reduce_rmsnorm: eps must be >= 0, got {eps}")
+  if not (jnp.issubdtype(weight.dtype, jnp.floating) or jnp.issubdtype(weight.dtype, jnp.integer)):
+    raise TypeError(f"jaxll.all_reduce_rmsnorm: weight must be real (a float or integer "
+                    f"dtype, cast to {x.dtype}), got {weight.dtype}")
   nbytes = int(np.prod(x.shape)) * x.dtype.itemsize
   if algorithm == "auto" and nbytes > _AUTO_CEILING:
     return _composed(x, residual, weight, axis_name, eps=eps, algorithm="auto")
   if algorithm not in _FUSED_NAMES + ("auto",):
     return _composed(x, residual, weight, axis_name, eps=eps, algorithm=algorithm)
-  axes = _normalize_axes(axis_name)
+  axes = _normalize_axes(axis_name, _WHO)
   if not axes:
     return _composed(x, residual, weight, axis_name, eps=eps, algorithm="auto")
-  _check_axes_bound(axes)
-  return _fused(x, residual, weight.astype(x.dtype), axes, float(eps), algorithm,
+  _check_axes_bound(axes, _WHO)
+  return _fused(x, residual, weight.astype(x.dtype), axes, eps, algorithm,
                 lowering.user_site())
+
+
+def _static_eps(eps) -> float:
+  """``eps`` as a Python float: a real number known when tracing (it is a
+  parameter of the kernel, not an operand), and not negative."""
+  value = None
+  if np.ndim(eps) == 0 and not isinstance(eps, (str, bytes)) and not np.iscomplexobj(eps):
+    try:
+      value = float(eps)
+    except (TypeError, ValueError):  # (a traced value: jax's ConcretizationTypeError)
+      value = None
+  if value is None:
+    raise TypeError(f"{_WHO}: eps must be a real number known when tracing (a Python "
+                    f"float, or a concrete scalar), got {eps!r}")
+  if not value >= 0:
+    raise ValueError(f"{_WHO}: eps must be >= 0, got {value}")
+  return value
 
 
 def _composed(x, residual, weight, axis_name, *, eps, algorithm):
@@ -207,6 +245,7 @@ all_reduce_rmsnorm_p.multiple_results = True
 
 
 def _fused(x, residual, weight, axes, eps, requested, site):
+  x, residual, weight = _match_types(axes, x, residual, weight)
   fn = jax.custom_jvp(lambda x, r, w: tuple(
       all_reduce_rmsnorm_p.bind(x, r, w, axes=axes, eps=eps, requested=requested, site=site)))
   fn.defjvp(lambda p, t: (fn(*p), jax.jvp(
@@ -214,15 +253,41 @@ def _fused(x, residual, weight, axes, eps, requested, site):
   return fn(x, residual, weight)
 
 
+def _varying(v) -> frozenset:
+  """The mesh axes over which ``v``'s type says it varies (``check_vma``)."""
+  aval = core.typeof(v)
+  mat = getattr(aval, "mat", None)  # (jax 0.10 and later)
+  if mat is not None:
+    return frozenset(mat.varying)
+  if hasattr(aval, "vma"):  # (the name jax used before)
+    return frozenset(aval.vma)
+  raise NotImplementedError(f"{_WHO}: this jax ({jax.__version__}) types values "
+                            f"inside shard_map in a way jaxll does not know")
+
+
+def _match_types(axes, x, residual, weight):
+  """The operands with the types the primitive expects, from which it takes
+  its results' types, those of the composition: ``new_residual`` varies over
+  the mesh axes that ``x`` varies over other than ``axes`` (it is reduced over
+  those, as psum's result is) and over those ``residual`` varies over;
+  ``normed`` over those and the ones ``weight`` varies over. Under
+  ``check_vma`` ``residual`` and ``weight`` are cast to vary over those (no-op
+  casts, as jax.numpy's arithmetic inserts), and ``x`` over ``axes``."""
+  x = _collective_pvary(axes, x, _WHO)
+  if not jax_config._check_vma.value:
+    return x, residual, weight
+  vx, vr, vw = _varying(x), _varying(residual), _varying(weight)
+  summed = (vx - set(axes)) | vr
+  return (x, core.pvary(residual, tuple(summed - vr)),
+          core.pvary(weight, tuple((summed | vw) - vw)))
+
+
 def _abstract_eval(x, residual, weight, *, axes, eps, requested, site):
-  del eps, requested, site
-  vma = getattr(x, "vma", None)
-  if vma is None:
-    out = core.ShapedArray(x.shape, x.dtype)
-    return [out, out]
-  out_vma = (frozenset(vma) - set(axes)) | frozenset(residual.vma) | frozenset(weight.vma)
-  out = x.update(vma=out_vma)
-  return [out, out]
+  # (operands typed by _match_types: normed has weight's type at x's shape,
+  # new_residual residual's)
+  del axes, eps, requested, site
+  normed = weight.update(shape=x.shape, sharding=residual.sharding, weak_type=False)
+  return [normed, residual.update(weak_type=False)]
 
 
 all_reduce_rmsnorm_p.def_abstract_eval(_abstract_eval)
@@ -236,6 +301,11 @@ def _batch(axis_data, vals_in, dims_in, *, axes, eps, requested, site):
   lowering decides as for any call)."""
   x, residual, weight = vals_in
   dx, dr, dw = dims_in
+  params = dict(axes=axes, eps=eps, requested=requested, site=site)
+  if dx is None and dr is None and dw is None and axis_data.name not in axes:
+    # (nothing batched: a vmapped function called it on values from outside
+    # the vmap; the call runs once, its rows not multiplied by the batch)
+    return all_reduce_rmsnorm_p.bind(x, residual, weight, **params), [None, None]
   rows_bytes = int(np.prod(x.shape)) * x.dtype.itemsize * (axis_data.size if dx is None else 1)
   if requested == "auto" and rows_bytes > _AUTO_CEILING:
     requested = COMPOSED  # (more rows than auto gives the kernel: the same primitive, composed)
@@ -251,8 +321,8 @@ def _batch(axis_data, vals_in, dims_in, *, axes, eps, requested, site):
       return jnp.broadcast_to(v, (axis_data.size,) + v.shape)
     return jnp.moveaxis(v, d, 0)
   x, residual = front(x, dx), front(residual, dr)
-  return all_reduce_rmsnorm_p.bind(x, residual, weight, axes=axes, eps=eps,
-                                   requested=requested, site=site), [0, 0]
+  params["requested"] = requested
+  return all_reduce_rmsnorm_p.bind(x, residual, weight, **params), [0, 0]
 
 
 batching.fancy_primitive_batchers[all_reduce_rmsnorm_p] = _batch
@@ -275,20 +345,22 @@ def _kernel_plan(ws: int, dtype: np.dtype, tokens: int, hidden: int, protocol: i
 
 def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
   aval = ctx.avals_in[0]
-  if requested == COMPOSED:  # (its all-reduce records the call site)
-    return _composed_lowering(ctx, x, residual, weight, axes=axes, eps=eps,
-                              requested=requested, site=site)
   group_size = lowering.group_size(ctx, axes)
-  choice, why = algorithms.XLA, ""
-  if requested == "auto":
-    # where jaxll.all_reduce's auto would leave the all-reduce to XLA (a group
-    # of one, JAXLL_AUTO_MAX_BYTES), so does this, before building a workspace
-    nbytes = int(aval.size) * np.dtype(aval.dtype).itemsize
-    choice, why = algorithms.choose_auto(group_size, nbytes, np.dtype(aval.dtype), "sum")
-  if requested == "auto" and choice == algorithms.XLA:
-    ws, reason = 0, f"auto: {why}"
+  ws = 0
+  if requested == COMPOSED:
+    reason = (f"auto under jax.vmap: more rows than any group's fused auto limit "
+              f"({_AUTO_CEILING} B per rank)")
   else:
-    ws, group_size, reason = lowering.workspace_for(ctx, axes)
+    choice, why = algorithms.XLA, ""
+    if requested == "auto":
+      # where jaxll.all_reduce's auto would leave the all-reduce to XLA (a group
+      # of one, JAXLL_AUTO_MAX_BYTES), so does this, before building a workspace
+      nbytes = int(aval.size) * np.dtype(aval.dtype).itemsize
+      choice, why = algorithms.choose_auto(group_size, nbytes, np.dtype(aval.dtype), "sum")
+    if requested == "auto" and choice == algorithms.XLA:
+      reason = f"auto: {why}"
+    else:
+      ws, group_size, reason = lowering.workspace_for(ctx, axes)
   hidden = aval.shape[-1] if aval.shape else 0
   if ws and np.dtype(aval.dtype) not in _FLOATS:
     ws, reason = 0, f"no fused kernel for {np.dtype(aval.dtype)}"
@@ -334,17 +406,20 @@ def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
   else:
     results = _composed_lowering(ctx, x, residual, weight, axes=axes, eps=eps,
                                  requested=requested, site=site)
-    algorithm = "xla+composed"
+    algorithm = COMPOSED
+    reason += "; jaxll.all_reduce (its own entry) then XLA's residual add and RMSNorm"
   record = call_sites.CallSite(
       site=site, axes=",".join(map(str, axes)), group_size=group_size,
       shape=str(tuple(aval.shape)), dtype=str(np.dtype(aval.dtype)),
       nbytes=int(aval.size) * np.dtype(aval.dtype).itemsize, op="sum+rmsnorm",
       requested=requested, algorithm=algorithm, reason=reason, workspace=ws)
-  if ws:
-    lowering._tag(results, record)
+  # (one op carries the record: the kernel's call, or the op that computes the
+  # composition's normed result)
+  lowering._tag(results[:1], record)
   call_sites.record(record)
   return results
 
 
-mlir.register_lowering(all_reduce_rmsnorm_p, _composed_lowering, cacheable=False)
-mlir.register_lowering(all_reduce_rmsnorm_p, _fused_lowering, platform="cuda", cacheable=False)
+# (every platform: where no kernel serves, the lowering is the composition, and
+# the call's record says why)
+mlir.register_lowering(all_reduce_rmsnorm_p, _fused_lowering, cacheable=False)

@@ -73,10 +73,10 @@ def _map_leaves(name: str, x, axis_name, algorithm: str, bind_leaf):
   if algorithm not in ALGORITHMS:
     raise ValueError(f"jaxll.{name}: algorithm must be one of {list(ALGORITHMS)}, "
                      f"got {algorithm!r}")
-  axes = _normalize_axes(axis_name)
+  axes = _normalize_axes(axis_name, f"jaxll.{name}")
   if not axes:
     return x
-  _check_axes_bound(axes)
+  _check_axes_bound(axes, f"jaxll.{name}")
   size = _axis_size(axes)
 
   def leaf(v):

@@ -51,7 +51,7 @@ def test_tp_decode_fused_variant_gives_the_same_tokens(tmp_path, dtype):
   assert "jaxll_fused profile: no GPU kernels traced" in stdout
   assert report["same_tokens"] is True, report
   fused = report["runs"]["jaxll_fused"]
-  assert fused["paths"] == ["xla"] and fused["call_sites"] == 2  # 2 per layer (scan)
+  assert fused["paths"] == ["composed", "xla"] and fused["call_sites"] == 2  # 2 per layer (scan)
   assert "same tokens (psum, jaxll, jaxll_fused): yes" in stdout
 
 

@@ -95,15 +95,25 @@ def test_gradients_equal_the_psum_reference(mesh, check_vma):
     np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
-def test_explain_lists_its_all_reduce_at_the_callers_line(mesh):
+@pytest.mark.parametrize("algorithm", ["auto", "fused", "fused_sentinel"])
+def test_explain_lists_the_call_and_its_all_reduce_at_the_callers_line(mesh, algorithm):
+  # on CPU: the call (what was asked for, the composition, why), then the
+  # composition's all-reduce
   args = _put(mesh, *_inputs(np.float32))
 
   def block(x, r, w):
-    return jaxll.all_reduce_rmsnorm(x, r, w, "tp")  # the call site
+    return jaxll.all_reduce_rmsnorm(x, r, w, "tp", algorithm=algorithm)  # the call site
 
   sites = jaxll.explain(_shard(mesh, block, True), *args)
-  assert len(sites) == 1
-  assert sites[0].site.startswith("test_fused_cpu.py:") and ".block)" in sites[0].site
+  assert [s.op for s in sites] == ["sum", "sum+rmsnorm"], sites
+  for s in sites:
+    assert s.site.startswith("test_fused_cpu.py:") and ".block)" in s.site, s
+  reduce, call = sites
+  assert (reduce.requested, reduce.algorithm) == ("auto", "xla")
+  assert (call.requested, call.algorithm, call.workspace) == (algorithm, "composed", 0)
+  assert call.reason.startswith("lowering for cpu, jaxll kernels run on CUDA GPUs"), call
+  assert "jaxll.all_reduce (its own entry) then XLA's residual add and RMSNorm" in call.reason
+  assert (call.shape, call.nbytes, call.group_size) == ("(3, 64)", 3 * 64 * 4, 8)
 
 
 @pytest.mark.parametrize("bad,match", [
@@ -240,9 +250,16 @@ def test_named_protocols_take_the_composition_on_cpu(mesh, algorithm):
 
 
 def test_fused_request_with_an_odd_hidden_size_takes_the_composition(mesh, monkeypatch):
-  # float32 x 63: 252 bytes per row, not a multiple of 8
+  # float32 x 63: 252 bytes per row, not a multiple of 8; the lowered text
+  # (what jaxll.explain reads) says so, and what the composition's all-reduce ran
+  from jaxll.call_sites import call_sites_in
   text = _cuda_text(mesh, monkeypatch, hidden=63)
   assert "jaxll_all_reduce_rmsnorm" not in text and text.count("@jaxll_all_reduce(") == 2
+  sites = call_sites_in(text)
+  assert [(s.op, s.requested, s.algorithm) for s in sites] == [
+      ("sum", "auto", "oneshot_ll"), ("sum+rmsnorm", "fused", "composed"),
+      ("sum", "auto", "oneshot_ll")], sites
+  assert sites[1].reason.startswith("the hidden size's bytes are not a multiple of 8, "), sites[1]
 
 
 def test_fused_benchmark_dry_run_on_cpu(tmp_path):
@@ -265,7 +282,7 @@ def test_fused_benchmark_dry_run_on_cpu(tmp_path):
       (1, 4096), (8, 4096), (1, 8192), (8, 8192), (32, 8192)]
   for row in rows:
     assert row["ranks"] >= 2  # (each process may hold several CPU devices)
-    assert row["composed_paths"] == ["xla"] and row["fused_paths"] == ["xla"]
+    assert row["composed_paths"] == ["xla"] and row["fused_paths"] == ["composed", "xla"]
     assert row["composed_us"] > 0 and row["fused_us"] > 0
     assert row["composed_kernels"] == {} and row["fused_kernels"] == {}
     # (the chains take turns rep by rep; paired: the median of the reps' ratios)
@@ -371,7 +388,7 @@ def test_auto_takes_the_sentinel_kernel_up_to_its_own_limit(mesh, monkeypatch, g
     assert "at most FUSED_SENTINEL_AUTO_MAX_BYTES[2]" in site.reason, site.reason
   else:
     assert "jaxll_all_reduce_rmsnorm" not in text
-    assert site.algorithm == "xla+composed" and "auto limit 131072 for N=8" in site.reason
+    assert site.algorithm == "composed" and "auto limit 131072 for N=8" in site.reason
 
 
 @pytest.mark.parametrize("group,hidden,fused", [(8, 12288, True), (8, 32768, False),
@@ -403,7 +420,7 @@ def test_auto_takes_the_two_shot_kernel_up_to_its_own_limit(mesh, monkeypatch, g
     assert site.reason.endswith("two-shot sentinel exchange (the kernel's choice)"), site.reason
   else:
     assert "jaxll_all_reduce_rmsnorm" not in text
-    assert site.algorithm == "xla+composed" and "two-shot sentinel exchange" in site.reason
+    assert site.algorithm == "composed" and "two-shot sentinel exchange" in site.reason
 
 
 def _vmapped(case, f):
@@ -503,7 +520,7 @@ def test_auto_leaves_to_xla_what_all_reduce_auto_would(mesh, monkeypatch, group,
   text = f.trace(*_put(mesh, x, residual, weight)).lower(lowering_platforms=("cuda",)).as_text()
   assert "jaxll_all_reduce_rmsnorm" not in text
   site = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"][-1]
-  assert site.algorithm == "xla+composed" and site.reason.startswith("auto: "), site
+  assert site.algorithm == "composed" and site.reason.startswith("auto: "), site
   assert site.workspace == 0 and not made, made
 
 
@@ -624,3 +641,183 @@ def test_virtual_fused_call_checks_its_operands():
                      (jt.rmsnorm_kernel_time_us, (2, 1, 128))):
     with pytest.raises(ValueError, match="protocol must be one of"):
       tool(*args, protocol="ll128")
+
+
+# --- Types under check_vma, transformations, input errors ----------------------------
+
+_SPECS = {"replicated": P(), "dp": P("dp"), "tp": P("tp")}
+
+
+def _grid_inputs(seed=7, tokens=3, hidden=16):
+  """x: every (dp, tp) device's partial sums; residual and weight with a
+  leading axis of 2 (dp) or 4 (tp) where they are sharded, one copy replicated."""
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((2, 4, tokens, hidden)).astype(np.float32)
+  residual = {k: rng.standard_normal(((2,) if k == "dp" else (4,) if k == "tp" else ())
+                                     + (tokens, hidden)).astype(np.float32) for k in _SPECS}
+  weight = {k: (1 + 0.1 * rng.standard_normal(((2,) if k == "dp" else (4,) if k == "tp" else ())
+                                              + (hidden,))).astype(np.float32) for k in _SPECS}
+  return x, residual, weight
+
+
+def _grid(mesh2, fn, r_kind, w_kind, out_specs, check_vma=True):
+  """fn(x, r, w) on the (dp, tp) mesh, per device x (tokens, hidden), r and w
+  as their kind gives them (one slice where sharded)."""
+  def body(x, r, w):
+    r = r if r_kind == "replicated" else r[0]
+    w = w if w_kind == "replicated" else w[0]
+    return fn(x[0, 0], r, w)
+  specs = (P("dp", "tp"), _SPECS[r_kind], _SPECS[w_kind])
+  f = jax.jit(jax.shard_map(body, mesh=mesh2, in_specs=specs, out_specs=out_specs,
+                            check_vma=check_vma))
+  return lambda *args: f(*(jax.device_put(a, NamedSharding(mesh2, s)) for a, s in zip(args, specs)))
+
+
+def _fused_or_reference(fused):
+  if fused:
+    return lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp")
+  return lambda x, r, w: _reference(x, r, w, 1e-6)
+
+
+@pytest.mark.parametrize("r_kind,w_kind", [("replicated", "replicated"), ("dp", "replicated"),
+                                           ("tp", "replicated"), ("replicated", "tp"),
+                                           ("dp", "dp")])
+def test_result_types_are_the_compositions(mesh2, r_kind, w_kind):
+  # the results vary over what x varies over besides the reduced axis (here
+  # dp), and over what residual and weight vary over: a shard_map whose
+  # out_specs claim more replication is refused, as it is for the psum
+  # reference (no silent pick of one device's rows); with out_specs that fit,
+  # the values and types equal the reference's
+  x, residual, weight = _grid_inputs()
+  args = (x, residual[r_kind], weight[w_kind])
+  from jaxll import fused as fused_mod
+  varying = {}
+
+  def typed(name, fn):
+    def run(x, r, w):
+      out = fn(x, r, w)
+      varying[name] = [fused_mod._varying(o) for o in out]
+      return out
+    return run
+
+  for name, fused in (("reference", False), ("fused", True)):
+    with pytest.raises(Exception, match="out_specs") as e:
+      _grid(mesh2, _fused_or_reference(fused), r_kind, w_kind, (P(), P()))(*args)
+    assert "replicat" in str(e.value), e.value
+  spread = P("dp", "tp")
+  lift = lambda fn: (lambda x, r, w: tuple(o[None, None] for o in fn(x, r, w)))
+  got = _grid(mesh2, lift(typed("fused", _fused_or_reference(True))), r_kind, w_kind,
+              (spread, spread))(*args)
+  want = _grid(mesh2, lift(typed("reference", _fused_or_reference(False))), r_kind, w_kind,
+               (spread, spread))(*args)
+  assert varying["fused"] == varying["reference"], varying
+  axes_of = lambda *kinds: frozenset({"dp"} | {k for k in kinds if k != "replicated"})
+  assert varying["fused"] == [axes_of(r_kind, w_kind), axes_of(r_kind)], varying
+  for g, v in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(v))
+  # float64: the sum over tp of each dp row's partials, plus the residual
+  h = x.astype(np.float64).sum(1)[:, None] + np.broadcast_to(
+      {"replicated": residual["replicated"][None, None], "dp": residual["dp"][:, None],
+       "tp": residual["tp"][None]}[r_kind], (2, 4, 3, 16))
+  np.testing.assert_allclose(np.asarray(got[1], np.float64).reshape(2, 4, 3, 16), h,
+                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_gradients_on_a_dp_tp_mesh_with_a_sharded_residual(mesh2, check_vma):
+  x, residual, weight = _grid_inputs(seed=8)
+  args = (x, residual["dp"], weight["replicated"])
+
+  def grads(fused):
+    f = _fused_or_reference(fused)
+
+    def body(x, r, w):
+      def loss(x, r, w):
+        normed, new_residual = f(x, r, w)
+        return jnp.sum(normed * normed) + jnp.sum(jnp.sin(new_residual))
+      gx, gr, gw = jax.grad(loss, argnums=(0, 1, 2))(x[0, 0], r[0], w)
+      _, tangent = jax.jvp(lambda v: f(v, r[0], w)[0], (x[0, 0],), (jnp.ones_like(x[0, 0]),))
+      return (gx[None, None], jax.lax.psum(gr, "tp")[None], jax.lax.psum(gw, ("dp", "tp")),
+              tangent[None, None])
+    specs = (P("dp", "tp"), P("dp"), P())
+    return jax.jit(jax.shard_map(body, mesh=mesh2, in_specs=specs,
+                                 out_specs=(P("dp", "tp"), P("dp"), P(), P("dp", "tp")),
+                                 check_vma=check_vma))(
+        *(jax.device_put(a, NamedSharding(mesh2, s)) for a, s in zip(args, specs)))
+
+  for g, w in zip(grads(True), grads(False)):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_jacfwd_and_an_unbatched_call_under_vmap(mesh, check_vma):
+  # jacfwd (vmap of jvp) batches the tangents only: the call itself runs once,
+  # unbatched, and its rows are not multiplied by the batch
+  x, residual, weight = _inputs(np.float32, tokens=2, hidden=8, seed=9)
+  args = _put(mesh, x, residual, weight)
+
+  def jac(fn):
+    def body(x, r, w):
+      jr = jax.jacfwd(lambda rr: fn(x, rr, w)[0])(r)
+      jw = jax.jacfwd(lambda ww: fn(x, r, ww)[0])(w)
+      scaled = jax.vmap(lambda t: fn(x, r, w)[0] * t)(jnp.arange(5.0, dtype=jnp.float32))
+      return jr, jw, scaled
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("tp"), P(), P()),
+                                 out_specs=(P(), P(), P()), check_vma=check_vma))(*args)
+
+  got = jac(lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp"))
+  sites = [s for s in jaxll.recent_call_sites()
+           if s.op == "sum+rmsnorm" and "test_jacfwd_and_an_unbatched" in s.site]
+  assert sites and all(s.shape == "(2, 8)" for s in sites), [s.shape for s in sites]
+  want = jac(lambda x, r, w: _reference(x, r, w, 1e-6))
+  assert got[0].shape == (2, 8, 2, 8) and got[2].shape == (5, 2, 8)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kw,error,match", [
+    (dict(algorithm="fussed"), ValueError,
+     r"jaxll.all_reduce_rmsnorm: algorithm must be one of \['auto', 'fused', 'fused_ll'"),
+    (dict(algorithm="fused_oneshot_ll"), ValueError, "all_reduce_rmsnorm: algorithm must be"),
+    (dict(algorithm=None), ValueError, "all_reduce_rmsnorm: algorithm must be"),
+    (dict(eps="1e-6"), TypeError, "eps must be a real number known when tracing"),
+    (dict(eps=1j), TypeError, "eps must be a real number known when tracing"),
+    (dict(eps=np.array([1e-6, 1e-6])), TypeError, "eps must be a real number"),
+    (dict(eps=None), TypeError, "eps must be a real number"),
+    (dict(eps=-1e-6), ValueError, "eps must be >= 0"),
+    (dict(eps=float("nan")), ValueError, "eps must be >= 0"),
+    (dict(weight=np.ones(64, np.complex64)), TypeError, "weight must be real"),
+    (dict(weight=np.ones(64, np.bool_)), TypeError, "weight must be real"),
+    (dict(axis="dp"), NameError, "jaxll.all_reduce_rmsnorm: unknown axis name 'dp'"),
+    (dict(axis=("tp", "tp")), ValueError, "jaxll.all_reduce_rmsnorm: axis names repeat"),
+    (dict(axis=0), TypeError, "jaxll.all_reduce_rmsnorm reduces over named mesh axes"),
+])
+def test_bad_arguments_are_refused_by_name(mesh, kw, error, match):
+  x, residual, weight = _inputs(np.float32)
+  weight = kw.pop("weight", weight)
+  axis = kw.pop("axis", "tp")
+  f = _shard(mesh, lambda a, r, w: jaxll.all_reduce_rmsnorm(a, r, w, axis, **kw), True)
+  with pytest.raises(error, match=match):
+    f(*_put(mesh, x, residual, weight))
+
+
+def test_eps_as_a_concrete_scalar_and_a_traced_one(mesh):
+  args = _put(mesh, *_inputs(np.float32, seed=10))
+  want = _shard(mesh, lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp", eps=1e-5),
+                True)(*args)
+  for eps in (np.float32(1e-5), jnp.float32(1e-5), np.array(1e-5), 1e-5):
+    got = _shard(mesh, lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp", eps=eps),
+                 True)(*args)
+    for g, v in zip(got, want):
+      np.testing.assert_array_equal(np.asarray(g), np.asarray(v))
+  traced = _shard(mesh, lambda x, r, w: jaxll.all_reduce_rmsnorm(x, r, w, "tp", eps=w[0]), True)
+  with pytest.raises(TypeError, match="eps must be a real number known when tracing"):
+    traced(*args)
+
+
+@pytest.mark.parametrize("name", ["all_gather", "psum_scatter"])
+def test_gather_scatter_axis_errors_name_the_function(mesh, name):
+  f = jax.jit(jax.shard_map(lambda x: getattr(jaxll, name)(x, "dp"), mesh=mesh,
+                            in_specs=P("tp"), out_specs=P("tp")))
+  with pytest.raises(NameError, match=f"jaxll.{name}: unknown axis name 'dp'"):
+    f(jax.device_put(jnp.ones((8, 8), jnp.float32), NamedSharding(mesh, P("tp"))))
