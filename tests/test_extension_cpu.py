@@ -20,7 +20,8 @@ NVCC = shutil.which("nvcc")
 def test_headers_and_cmake_config_are_installed():
   inc = jaxll.get_include()
   for name in ("jaxll.cuh", "extension.h", "rank_view.h", "rank_view.cuh", "ll_packet.cuh",
-               "spin_wait.cuh", "workspace_layout.h", "channel.cuh", "units.cuh", "protocol.h"):
+               "spin_wait.cuh", "workspace_layout.h", "channel.cuh", "units.cuh", "protocol.h",
+               "round.cuh", "ll128_atomic.cuh", "sentinel.cuh", "memory_ops.cuh"):
     assert os.path.isfile(os.path.join(inc, "jaxll", name)), name
   assert os.path.isfile(os.path.join(jaxll.get_cmake_dir(), "jaxllConfig.cmake"))
 
@@ -31,8 +32,21 @@ def test_device_api_compiles_from_the_installed_headers_alone(tmp_path):
   src = tmp_path / "use.cu"
   src.write_text(
       '#include <jaxll/jaxll.cuh>\n#include <jaxll/extension.h>\n'
-      "__global__ void k(jaxll::RankView v) {\n"
+      "struct Args { jaxll::RankView view; uint64_t signature; };\n"
+      "__global__ void k(jaxll::RankView v, Args a, float* y) {\n"
       "  const jaxll::BlockStart bs = jaxll::block_begin(v, 1);\n"
+      "  jaxll::send_signature(a, jaxll::signature_lane(v.nranks), v.nranks, bs);\n"
+      "  bool ok = jaxll::signature_ok(a, jaxll::signature_lane(v.nranks), v.nranks, bs);\n"
+      "  jaxll::ll_round_begin(v, bs.epoch, bs.epoch & 1);\n"
+      "  const jaxll::LL128Lines<float> lines(v, blockIdx.x, v.nranks);\n"
+      "  char* line = lines.line(v.rank, bs.epoch & 1, 0);\n"
+      "  lines.add(line, threadIdx.x & 7, jaxll::LL128Slice<float>::load(y, 0, threadIdx.x & 7, 31));\n"
+      "  lines.arrive(line);\n"
+      "  if (lines.complete(lines.counter(line))) { uint4 q; lines.take(line, threadIdx.x & 7, &q); }\n"
+      "  uint64_t lo, hi;\n"
+      "  if (jaxll::sentinel_slot_probe<float>(line, &lo, &hi)) jaxll::sentinel_slot_release(line);\n"
+      "  jaxll::st_relaxed_16(line, jaxll::sentinel_canonicalize_16<float>(jaxll::ld_relaxed_16(line)));\n"
+      "  if (jaxll::round_boundary(ok) || jaxll::block_failed(ok)) return;\n"
       "  const jaxll::WaitContext ctx = jaxll::wait_context(v, bs.epoch);\n"
       "  uint64_t x;\n"
       "  jaxll::ll16_wait(jaxll::ll_region(v, v.rank, 0, blockIdx.x, 0, 0), 1u, ctx, 0u, &x);\n"
@@ -69,3 +83,33 @@ def test_example_extension_builds_against_the_installed_jaxll(tmp_path):
 def test_extension_api_capsule():
   capsule = jaxll.extension.api()
   assert type(capsule).__name__ == "PyCapsule" and "jaxll.extension_api" in repr(capsule)
+
+
+def _sources(folder, *suffixes):
+  root = os.path.join(ROOT, "ffi", folder)
+  return {name: open(os.path.join(root, name)).read() for name in sorted(os.listdir(root))
+          if name.endswith(suffixes)}
+
+
+def test_layering_rules_hold_in_the_sources():
+  """ffi/include/jaxll/README.md's layering, checked on the sources: (1) the
+  device API includes only itself and system headers; (2) the kernels order and
+  poll scratch only through it (no global-memory ordering PTX or relaxed/acquire
+  helpers of their own; the fused kernel's cluster-shared-memory asm is its own);
+  (3) no runtime file but the bindings (module.cc) includes a test tool."""
+  import re
+  api = _sources(os.path.join("include", "jaxll"), ".h", ".cuh")
+  assert api
+  for name, text in api.items():
+    for inc in re.findall(r'#include\s+"([^"]+)"', text):
+      assert inc.startswith("jaxll/") and os.path.basename(inc) in api, (name, inc)
+  kernels = _sources("kernels", ".cu", ".cuh", ".h")
+  assert "all_reduce_twoshot_atomic.cu" in kernels
+  own = re.compile(r"\.(sys|gpu)\.global|\bred\.|\b(ld|st)_(relaxed|acquire|release)\w*\s*\("
+                   r"[^;{]*\)\s*\{|\bsentinel_(present|canonicalize)\w*\s*\([^;{]*\)\s*\{")
+  for name, text in kernels.items():
+    found = own.search(text)
+    assert not found, (name, found.group(0))
+  for name, text in _sources("runtime", ".cc", ".h").items():
+    if name != "module.cc":
+      assert "testing/" not in "".join(re.findall(r'#include\s+"([^"]+)"', text)), name

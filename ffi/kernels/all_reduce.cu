@@ -140,7 +140,7 @@ std::string describe_signature(uint64_t sig) {
     }
     return "code " + std::to_string(code);
   };
-  if (d.collective == kRmsNormCollective) {
+  if (d.collective == static_cast<uint32_t>(Collective::kRmsNorm)) {
     return "all_reduce_rmsnorm of " + std::to_string(d.count >> 20) + " x " +
            std::to_string(d.count & 0xFFFFF) + " " + name(dtype_codes(), d.dtype) +
            " elements (tokens x hidden, modulo 2^20), algorithm fused, plan " +

@@ -183,10 +183,10 @@ RmsNormPlan plan_all_reduce_rmsnorm(DType dtype, const RankView& view, int64_t t
 // The plan's 4-bit code in the call signature's reduction field (ranks whose
 // plans differ then report a mismatch instead of exchanging mismatched rows).
 uint32_t rmsnorm_plan_code(const RmsNormPlan& plan);
-// Its call signature's collective code; the signature's count field holds the
-// shape, tokens in bits 20-39 and hidden in bits 0-19 (each modulo 2^20), so
-// ranks that call with different shapes of one size are told apart.
-constexpr uint32_t kRmsNormCollective = 1;
+// Its call signature's collective code is Collective::kRmsNorm (below); the
+// signature's count field holds the shape, tokens in bits 20-39 and hidden in
+// bits 0-19 (each modulo 2^20), so ranks that call with different shapes of one
+// size are told apart.
 constexpr uint64_t rmsnorm_signature_shape(int64_t tokens, int64_t hidden) {
   return (static_cast<uint64_t>(tokens) & 0xFFFFF) << 20 | (static_cast<uint64_t>(hidden) & 0xFFFFF);
 }
@@ -197,6 +197,7 @@ constexpr uint64_t rmsnorm_signature_shape(int64_t tokens, int64_t hidden) {
 // `count` and writes nranks x `count` (rank r's piece at r x count); reduce-
 // scatter takes nranks x `count` and writes `count` (this rank's piece of the
 // sum, added in rank order). The collective is the call signature's code.
+// (Python takes these codes from _jaxll.codes()["collectives"].)
 enum class Collective : uint32_t { kAllReduce = 0, kRmsNorm = 1, kAllGather = 2, kReduceScatter = 3 };
 bool has_gather_scatter_kernel(Collective c, Algorithm algorithm, DType dtype);
 cudaError_t launch_gather_scatter(Collective c, Algorithm algorithm, DType dtype,

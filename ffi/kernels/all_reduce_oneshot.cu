@@ -51,7 +51,7 @@ __device__ __forceinline__ void oneshot_body(const AllReduceArgs& a) {
     const int len = static_cast<int>(min(share.u1 - r0, a.round_units));
     const Channel<P, T> ch(v, 0, static_cast<int>(blockIdx.x), parity, epoch);
     if constexpr (P == Proto::kLL) {
-      if (ll16_refresh_due(epoch)) ll_refresh(v, epoch, parity);
+      ll_round_begin(v, epoch, parity);
     }
     if constexpr (P == Proto::kBarrier) ok = flag_barrier(v, barrier_value(epoch, 0), wait_context(v, epoch)) && ok;
 

@@ -581,7 +581,7 @@ __device__ __forceinline__ void rmsnorm_body(const RmsNormArgs& a) {
       const uint64_t epoch = bs.epoch + round;
       const int parity = static_cast<int>(epoch & 1);
       const Channel<Proto::kLL, T> ch(v, 0, static_cast<int>(blockIdx.x), parity, epoch);
-      if (ll16_refresh_due(epoch)) ll_refresh(v, epoch, parity);
+      ll_round_begin(v, epoch, parity);
       const int64_t c0 = g.u0 + c * a.chunk_units;
       const int len = static_cast<int>(min(g.u1 - c0, a.chunk_units));
       for (int i = threadIdx.x; i < len; i += blockDim.x)
@@ -704,7 +704,7 @@ __device__ __forceinline__ void rmsnorm_lean_body(const RmsNormArgs& a) {
   const int parity = static_cast<int>(epoch & 1);
   const Channel<P, T> ch(v, 0, static_cast<int>(blockIdx.x), parity, epoch);
   if constexpr (P == Proto::kLL) {
-    if (ll16_refresh_due(epoch)) ll_refresh(v, epoch, parity);
+    ll_round_begin(v, epoch, parity);
   }
   // (sentinel: the value every rank adds is the one sent, canonicalized)
   if (mine) xv = ch.prepare(xv);
@@ -840,7 +840,7 @@ __device__ __forceinline__ void rmsnorm_twoshot_body(const RmsNormArgs& a) {
   const Channel<P, T> rs(v, 0, static_cast<int>(blockIdx.x), parity, epoch);
   const Channel<P, T> ag(v, 1, static_cast<int>(blockIdx.x), parity, epoch);
   if constexpr (P == Proto::kLL) {
-    if (ll16_refresh_due(epoch)) ll_refresh(v, epoch, parity);
+    ll_round_begin(v, epoch, parity);
   }
   // Reduce-scatter: unit u goes to its owner's slot u - owner * c.
 #pragma unroll
@@ -1284,7 +1284,7 @@ cudaError_t prepare_rmsnorm(DType dtype, const RankView& view, const void* x,
   const Algorithm exchange =
       plan.twoshot ? (plan.proto == Proto::kSentinel ? Algorithm::kTwoShotSentinel : Algorithm::kTwoShotLL)
                    : (plan.proto == Proto::kSentinel ? Algorithm::kOneShotSentinel : Algorithm::kOneShotLL);
-  a.base.signature = encode_signature(kRmsNormCollective, static_cast<uint32_t>(exchange),
+  a.base.signature = encode_signature(static_cast<uint32_t>(Collective::kRmsNorm), static_cast<uint32_t>(exchange),
                                       static_cast<uint32_t>(dtype), rmsnorm_plan_code(plan),
                                       rmsnorm_signature_shape(tokens, hidden));
   a.seg_span = plan.seg_span;

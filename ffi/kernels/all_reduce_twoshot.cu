@@ -51,7 +51,7 @@ __device__ __forceinline__ void twoshot_body(const AllReduceArgs& a) {
       return j < len ? rs.prepare(load_unit<T, W>(x, r0 + j, a.count, vec)) : Unit<W>{};
     };
     if constexpr (P == Proto::kLL) {
-      if (ll16_refresh_due(epoch)) ll_refresh(v, epoch, parity);
+      ll_round_begin(v, epoch, parity);
     }
     if constexpr (P == Proto::kBarrier) ok = flag_barrier(v, barrier_value(epoch, 0), wait_context(v, epoch)) && ok;
 

@@ -15,64 +15,9 @@
 namespace jaxll {
 namespace {
 
-// Element of a line slice: lane `lane` (0..7) holds elements
-// [lane*V, lane*V+V) of the line, the last one of lane 7 being the counter.
-template <class T>
-struct LineSlice {
-  static constexpr int V = 16 / sizeof(T);
-  static constexpr int kData = line_data_elems<T>();
-  using Bits = typename ElemTraits<T>::Bits;
-
-  // Loads the slice of line `line` of the message (zeros past `limit`
-  // elements and in the counter slot).
-  __device__ static uint4 load(const T* x, int64_t line, int lane, int64_t limit) {
-    Bits b[V];
-#pragma unroll
-    for (int s = 0; s < V; ++s) {
-      const int slot = lane * V + s;
-      const int64_t e = line * kData + slot;
-      b[s] = (slot < kData && e < limit) ? reinterpret_cast<const Bits*>(x)[e] : Bits(0);
-    }
-    uint4 q;
-    memcpy(&q, b, 16);
-    return q;
-  }
-  __device__ static void store(T* y, int64_t line, int lane, int64_t limit, uint4 q) {
-    Bits b[V];
-    memcpy(b, &q, 16);
-#pragma unroll
-    for (int s = 0; s < V; ++s) {
-      const int slot = lane * V + s;
-      const int64_t e = line * kData + slot;
-      if (slot < kData && e < limit) reinterpret_cast<Bits*>(y)[e] = b[s];
-    }
-  }
-};
-
-__device__ __forceinline__ uint4 ld_relaxed_16(const void* p) {
-  uint64_t a, b;
-  ld_relaxed_v2u64(p, &a, &b);
-  return make_uint4(static_cast<uint32_t>(a), static_cast<uint32_t>(a >> 32),
-                    static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32));
-}
-__device__ __forceinline__ void st_relaxed_16(void* p, uint4 q) {
-  st_relaxed_v2u64(p, static_cast<uint64_t>(q.x) | static_cast<uint64_t>(q.y) << 32,
-                   static_cast<uint64_t>(q.z) | static_cast<uint64_t>(q.w) << 32);
-}
-
-template <class T>
-__device__ __forceinline__ uint4 canonical_16(uint4 q) {
-  uint64_t a = static_cast<uint64_t>(q.x) | static_cast<uint64_t>(q.y) << 32;
-  uint64_t b = static_cast<uint64_t>(q.z) | static_cast<uint64_t>(q.w) << 32;
-  a = sentinel_canonicalize<T>(a);
-  b = sentinel_canonicalize<T>(b);
-  return make_uint4(static_cast<uint32_t>(a), static_cast<uint32_t>(a >> 32),
-                    static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32));
-}
-
 template <class T>
 __device__ __forceinline__ void twoshot_atomic_body(const AllReduceArgs& a) {
-  using S = LineSlice<T>;
+  using S = LL128Slice<T>;
   const RankView& v = a.view;
   const int rank = v.rank;
   const int n = v.nranks;
@@ -94,8 +39,7 @@ __device__ __forceinline__ void twoshot_atomic_body(const AllReduceArgs& a) {
   }
   const int sig_lane = v.signatures ? signature_lane(n) : 0;
   send_signature(a, sig_lane, n, bs);
-  const uint32_t arrived = counter_bits<T>(n);
-  const uint4 one = counter_slice<T>(counter_bits<T>(1));
+  const LL128Lines<T> lines(v, b, n);
   bool ok = signature_ok(a, sig_lane, n, bs);
   for (uint32_t r = 0; r < share.rounds; ++r) {
     const uint64_t epoch = bs.epoch + r;
@@ -113,7 +57,7 @@ __device__ __forceinline__ void twoshot_atomic_body(const AllReduceArgs& a) {
       const int64_t t = i - k * c;
       const int64_t line = r0 + owner * c + t;
       const uint4 q = line < r1 ? S::load(x, line, lane, a.count) : make_uint4(0, 0, 0, 0);
-      red_add_16<T>(atomic_region(v, owner, b, parity) + t * kLineBytes + lane * 16, q);
+      lines.add(lines.line(owner, parity, t), lane, q);
     }
     // Every lane's adds are ordered before the warp barrier; lane 7's fence
     // after it is cumulative over them, so the counter bump releases them all.
@@ -124,25 +68,21 @@ __device__ __forceinline__ void twoshot_atomic_body(const AllReduceArgs& a) {
         const int k = static_cast<int>(i / c);
         const int owner = peer_at(rank, k, n);
         const int64_t t = i - k * c;
-        red_add_16<T>(atomic_region(v, owner, b, parity) + t * kLineBytes + 7 * 16, one);
+        lines.arrive(lines.line(owner, parity, t));
       }
     }
 
     // Owner: wait for N arrivals per line, take the sum, clear the line, send it on.
     for (int64_t t = group; t < c; t += groups) {
-      char* line_base = atomic_region(v, rank, b, parity) + t * kLineBytes;
-      const uint32_t* counter = reinterpret_cast<const uint32_t*>(line_base + kLineBytes - 4);
+      char* line_base = lines.line(rank, parity, t);
+      const uint32_t* counter = lines.counter(line_base);
       if (ok) {
-        ok = bounded_wait(ctx, static_cast<uint32_t>(rank), [&] {
-          return (ld_acquire_u32(counter) & counter_mask<T>()) == arrived;
-        });
+        ok = bounded_wait(ctx, static_cast<uint32_t>(rank), [&] { return lines.complete(counter); });
       }
       uint4 q = poison;
       if (ok) {
-        q = ld_relaxed_16(line_base + lane * 16);
-        st_relaxed_16(line_base + lane * 16, make_uint4(0, 0, 0, 0));
-        if (lane == 7) q.w &= ~counter_mask<T>();
-        q = canonical_16<T>(q);
+        lines.take(line_base, lane, &q);
+        q = sentinel_canonicalize_16<T>(q);
         for (int k = 1; k < n; ++k)
           st_relaxed_16(sentinel_region(v, peer_at(rank, k, n), 1, b, parity, rank) +
                             t * kLineBytes + lane * 16,
@@ -160,11 +100,9 @@ __device__ __forceinline__ void twoshot_atomic_body(const AllReduceArgs& a) {
       char* p = sentinel_region(v, rank, 1, b, parity, owner) + t * kLineBytes + lane * 16;
       uint64_t lo = 0, hi = 0;
       if (ok) {
-        ok = bounded_wait(ctx, static_cast<uint32_t>(owner), [&] {
-          ld_relaxed_v2u64(p, &lo, &hi);
-          return !sentinel_present<T>(lo) && !sentinel_present<T>(hi);
-        });
-        if (ok) st_relaxed_v2u64(p, kSentinelWord, kSentinelWord);
+        ok = bounded_wait(ctx, static_cast<uint32_t>(owner),
+                          [&] { return sentinel_slot_probe<T>(p, &lo, &hi); });
+        if (ok) sentinel_slot_release(p);
       }
       const uint4 q = ok ? make_uint4(static_cast<uint32_t>(lo), static_cast<uint32_t>(lo >> 32),
                                       static_cast<uint32_t>(hi), static_cast<uint32_t>(hi >> 32))

@@ -58,7 +58,7 @@ __device__ __forceinline__ RoundPlace round_place(const AllReduceArgs& a, const 
 template <Proto P>
 __device__ __forceinline__ void round_start(const RankView& v, const RoundPlace& p, bool* ok) {
   if constexpr (P == Proto::kLL) {
-    if (ll16_refresh_due(p.epoch)) ll_refresh(v, p.epoch, p.parity);
+    ll_round_begin(v, p.epoch, p.parity);
   }
   if constexpr (P == Proto::kBarrier) *ok = flag_barrier(v, barrier_value(p.epoch, 0), wait_context(v, p.epoch)) && *ok;
 }

@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads) broadcast_kernel(RankView v, const u
     const uint32_t flag = static_cast<uint32_t>(epoch);
     const int parity = static_cast<int>(epoch & 1);
     const jaxll::WaitContext ctx = jaxll::wait_context(v, epoch);
-    if (jaxll::ll16_refresh_due(epoch)) jaxll::ll_refresh(v, epoch, parity);
+    jaxll::ll_round_begin(v, epoch, parity);
     const int64_t r0 = u0 + static_cast<int64_t>(r) * round_units;
     const int len = static_cast<int>(min(u1 - r0, round_units));
 
@@ -101,8 +101,7 @@ __global__ void __launch_bounds__(kThreads) broadcast_kernel(RankView v, const u
                             static_cast<uint32_t>(src), &unused);
     }
     // the block moves on together (and poisons its whole share if a wait gave up)
-    jaxll::fence_sys();
-    if (__syncthreads_or(!ok)) {
+    if (jaxll::round_boundary(ok)) {
       for (int64_t u = u0 + threadIdx.x; u < u1; u += blockDim.x) store_unit(y, u, bytes, ~0ull);
       return;
     }

@@ -21,9 +21,8 @@
 // rounds use the epochs block_begin() reserved, one per round, and alternate
 // scratch by epoch parity; in every round each rank sends something to each
 // peer and receives from each peer, and a block ends a round only when all its
-// threads are done with it (a block-wide barrier; round_boundary in the
-// all-reduce kernels also fences, so sentinel resets are visible before the
-// next round's sends). Then a slot written at epoch e is not written again
+// threads are done with it (a block-wide barrier; round_boundary, round.cuh,
+// also fences, so sentinel resets are visible before the next round's sends). Then a slot written at epoch e is not written again
 // (epoch e + 2) before its reader is done. A wait that gives up records the
 // error (spin_wait.cuh) and returns false: the caller poisons its output.
 #pragma once
@@ -107,11 +106,10 @@ struct Channel<Proto::kSentinel, T> : ChannelPlace {
     st_relaxed_v2u64(to(owner) + slot * 16, u.p[0], u.p[1]);
   }
   __device__ __forceinline__ bool probe(int src, int slot, Unit<16>* u) const {
-    ld_relaxed_v2u64(from(src) + slot * 16, &u->p[0], &u->p[1]);
-    return !sentinel_present<T>(u->p[0]) && !sentinel_present<T>(u->p[1]);
+    return sentinel_slot_probe<T>(from(src) + slot * 16, &u->p[0], &u->p[1]);
   }
   __device__ __forceinline__ void release(int src, int slot) const {
-    st_relaxed_v2u64(const_cast<char*>(from(src)) + slot * 16, kSentinelWord, kSentinelWord);
+    sentinel_slot_release(const_cast<char*>(from(src)) + slot * 16);
   }
 };
 

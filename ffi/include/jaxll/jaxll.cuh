@@ -29,6 +29,7 @@
 #include "jaxll/protocol.h"
 #include "jaxll/rank_view.cuh"
 #include "jaxll/rank_view.h"
+#include "jaxll/round.cuh"
 #include "jaxll/sentinel.cuh"
 #include "jaxll/spin_wait.cuh"
 #include "jaxll/units.cuh"

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "jaxll/memory_ops.cuh"
 #include "jaxll/workspace_layout.h"
 
 namespace jaxll {
@@ -60,6 +61,35 @@ __device__ __forceinline__ uint64_t sentinel_canonicalize(uint64_t w) {
     if (((w >> sh) & S::kMask) == S::kMask) w = (w & ~(S::kMask << sh)) | (S::kCanonicalNaN << sh);
   }
   return w;
+}
+
+// The same for the 16 bytes of `q` (what a sender applies before it stores).
+template <class T>
+__device__ __forceinline__ uint4 sentinel_canonicalize_16(uint4 q) {
+  uint64_t a = static_cast<uint64_t>(q.x) | static_cast<uint64_t>(q.y) << 32;
+  uint64_t b = static_cast<uint64_t>(q.z) | static_cast<uint64_t>(q.w) << 32;
+  a = sentinel_canonicalize<T>(a);
+  b = sentinel_canonicalize<T>(b);
+  return make_uint4(static_cast<uint32_t>(a), static_cast<uint32_t>(a >> 32),
+                    static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32));
+}
+
+// One poll of the 16-byte sentinel slot at `p` (one relaxed load into *a, *b):
+// true when neither word holds the pattern any more, i.e. the sender's store
+// has landed. Called by the slot's one reader, in a bounded wait; it orders
+// nothing, so the reader uses only the loaded words.
+template <class T>
+__device__ __forceinline__ bool sentinel_slot_probe(const void* p, uint64_t* a, uint64_t* b) {
+  ld_relaxed_v2u64(p, a, b);
+  return !sentinel_present<T>(*a) && !sentinel_present<T>(*b);
+}
+
+// Writes the pattern back into the slot at `p` once its reader is done, so the
+// slot can take its next value. The store is relaxed: before a sender may reuse
+// the slot (two epochs later) the reader's round boundary must order it (a
+// fence between rounds; a kernel boundary between calls).
+__device__ __forceinline__ void sentinel_slot_release(void* p) {
+  st_relaxed_v2u64(p, kSentinelWord, kSentinelWord);
 }
 
 }  // namespace jaxll

@@ -71,7 +71,7 @@ struct WorkspaceHeader {
   // over every call and algorithm. Only ever incremented, by the kernels themselves.
   uint64_t epochs[kMaxBlocks];
   // Calls each block index has served (modulo 2^32). Its parity picks the
-  // signature slot a call uses (all_reduce_common.cuh, "Call signatures").
+  // signature slot a call uses (round.cuh, "Call signatures").
   uint32_t calls[kMaxBlocks];
   // Each block's partial sum of squares for the row it holds, by row-wave
   // parity: LL16 packets (payload: the float bits and the tag's high half;
