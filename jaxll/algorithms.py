@@ -33,6 +33,9 @@ _WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
 _RMSNORM_PROTOCOLS = ("auto", "ll", "sentinel", "twoshot_ll", "twoshot_sentinel")
 _KERNEL_NAMES = (ONESHOT_LL, ONESHOT_SENTINEL, TWOSHOT_LL, TWOSHOT_SENTINEL,
                  TWOSHOT_LL128_ATOMIC, ONESHOT_BARRIER, TWOSHOT_BARRIER)
+# the call signature's collective field, and the error word's kind field
+_COLLECTIVES = ("all_reduce", "all_reduce_rmsnorm", "all_gather", "psum_scatter")
+_ERROR_KINDS = ("none", "timeout", "mismatch", "freed", "not_started")
 
 
 def _codes() -> dict:
@@ -46,11 +49,14 @@ def _codes() -> dict:
             "dtypes": {n: i for i, n in enumerate(_DTYPES)},
             "ops": {n: i for i, n in enumerate(_OPS)},
             "rmsnorm_protocols": {n: i for i, n in enumerate(_RMSNORM_PROTOCOLS)},
-            "rmsnorm_refusals": {n: "no kernels in this install" for n in _RMSNORM_PROTOCOLS}}
+            "rmsnorm_refusals": {n: "no kernels in this install" for n in _RMSNORM_PROTOCOLS},
+            "collectives": {n: i for i, n in enumerate(_COLLECTIVES)},
+            "error_kinds": {n: i for i, n in enumerate(_ERROR_KINDS)}}
   native = ext.codes()
   for kind, names in (("algorithms", (XLA,) + _KERNEL_NAMES), ("dtypes", _DTYPES),
                       ("ops", _OPS), ("rmsnorm_protocols", _RMSNORM_PROTOCOLS),
-                      ("rmsnorm_refusals", _RMSNORM_PROTOCOLS)):
+                      ("rmsnorm_refusals", _RMSNORM_PROTOCOLS), ("collectives", _COLLECTIVES),
+                      ("error_kinds", _ERROR_KINDS)):
     if set(native.get(kind, ())) != set(names):
       raise ImportError(f"jaxll: the compiled extension's {kind} {sorted(native.get(kind, ()))} "
                         f"differ from the Python package's {sorted(names)}: rebuild jaxll")
@@ -68,6 +74,11 @@ RMSNORM_PROTOCOL_CODES: dict[str, int] = dict(_NATIVE["rmsnorm_protocols"])
 #: Why each of those protocols, asked for, may refuse a call (the native
 #: side's text, the one its errors give).
 RMSNORM_REFUSALS: dict[str, str] = dict(_NATIVE["rmsnorm_refusals"])
+#: The call signature's collective codes ("all_reduce", "all_reduce_rmsnorm",
+#: "all_gather", "psum_scatter"), which the gather/scatter handlers also take.
+COLLECTIVE_CODES: dict[str, int] = dict(_NATIVE["collectives"])
+#: The error word's kinds ("none", "timeout", "mismatch", "freed", "not_started").
+ERROR_KIND_CODES: dict[str, int] = dict(_NATIVE["error_kinds"])
 
 
 @dataclasses.dataclass(frozen=True)

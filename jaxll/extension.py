@@ -15,12 +15,12 @@ registered with :func:`register_lowering`, calls :func:`workspace_for` and
 
   jaxll.extension.register_lowering(my_p, _lowering, platform="cuda")
 
-:func:`emit_call` adds the workspace id as the ``comm`` attribute and a 4-byte
+:func:`emit_call` adds the workspace id as the ``workspace`` attribute and a 4-byte
 order buffer as the last operand and result, which chains the call with
 jaxll's own calls of the same block, so XLA keeps every rank's calls on a
 workspace in one order and never runs two at once (see ``jaxll/lowering.py``);
 the handler must accept and ignore it. At run time the handler turns
-(``comm``, device ordinal) into the rank's ``RankView`` through the table
+(``workspace``, device ordinal) into the rank's ``RankView`` through the table
 :func:`api` returns (``jaxll/extension.h``).
 """
 

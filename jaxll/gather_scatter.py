@@ -56,8 +56,6 @@ psum_scatter_p = core.Primitive("jaxll_psum_scatter")
 # The algorithms these collectives take.
 KERNEL_ALGORITHMS = ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier")
 ALGORITHMS = ("auto", "xla") + KERNEL_ALGORITHMS
-# Codes of the gather/scatter kernels' call signatures (ffi/kernels/all_reduce.h).
-_COLLECTIVE_CODES = {"all_gather": 2, "psum_scatter": 3}
 _KERNEL_DTYPES = frozenset(["float32", "bfloat16", "float16", "int32"])
 # The sentinel protocol's pattern (all ones) is a NaN of each floating type and a
 # valid int32.
@@ -390,7 +388,7 @@ def _lower(ctx, x, prim, op: str, dim: int, axes: tuple, size: int, algorithm: s
   if ws:
     out = lowering.emit_ordered_call(
         ctx, "jaxll_gather_scatter", [x], workspace=ws,
-        collective=np.int64(_COLLECTIVE_CODES[op]),
+        collective=np.int64(algorithms.COLLECTIVE_CODES[op]),
         algorithm=np.int64(algorithms.SPECS[kernel].code))
   else:
     out = _xla_rule(prim, ctx)(ctx, x, axis_name=axes, axis_index_groups=None,

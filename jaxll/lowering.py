@@ -610,8 +610,8 @@ def emit_ordered_call(ctx, target: str, operands, *, workspace: int, **attribute
   operands `operands` (``ctx.avals_in``) and results ``ctx.avals_out``, plus
   the 4-byte order buffer as the last operand and last result: ordered after
   the previous kernel call emitted into the same block (see above), and the
-  program's host check told about the workspace. Attributes: ``comm`` (the
-  workspace id) and `attributes`. Returns the results without the order."""
+  program's host check told about the workspace. Attributes: ``workspace``
+  (the workspace id) and `attributes`. Returns the results without the order."""
   _note_workspace_for_check(ctx, workspace)
   state = _order_state(ctx)
   if state is not None:
@@ -620,7 +620,7 @@ def emit_ordered_call(ctx, target: str, operands, *, workspace: int, **attribute
   call_ctx = ctx.replace(avals_in=[*ctx.avals_in, _ORDER_AVAL],
                          avals_out=[*ctx.avals_out, _ORDER_AVAL])
   rule = jax.ffi.ffi_lowering(target)
-  *results, order_out = rule(call_ctx, *operands, order, comm=np.int64(workspace),
+  *results, order_out = rule(call_ctx, *operands, order, workspace=np.int64(workspace),
                              **attributes)
   if chain is not None:
     chain.value = order_out

@@ -105,7 +105,7 @@ def virtual_all_reduce(x, *, op: str = "sum", algorithm: str = "oneshot_ll", dev
   ws = virtual_workspace(n, device=device, config=config)
   call = jax.ffi.ffi_call("jaxll_virtual_all_reduce" + ("_graph" if command_buffer else ""),
                           jax.ShapeDtypeStruct(x.shape, x.dtype))
-  return call(x, comm=np.int64(ws.id), algorithm=np.int64(algorithms.SPECS[name].code),
+  return call(x, workspace=np.int64(ws.id), algorithm=np.int64(algorithms.SPECS[name].code),
               op=np.int64(algorithms.OP_CODES[op]), skip_rank=np.int64(_skip_rank),
               one_launch=np.int64(bool(one_launch)))
 
@@ -150,7 +150,7 @@ def virtual_fused_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device=None
   out = jax.ShapeDtypeStruct(x.shape, x.dtype)
   call = jax.ffi.ffi_call("jaxll_virtual_all_reduce_rmsnorm" + ("_graph" if command_buffer else ""),
                           (out, out))
-  return tuple(call(x, residual, weight, comm=np.int64(ws.id), eps=np.float32(eps),
+  return tuple(call(x, residual, weight, workspace=np.int64(ws.id), eps=np.float32(eps),
                     protocol=np.int32(code), one_launch=np.int64(bool(one_launch))))
 
 
@@ -200,8 +200,9 @@ def virtual_all_reduce_rmsnorm(x, residual, weight, *, eps: float = 1e-6, device
   return out if absent_rank is None else out + (error,)
 
 
-# Call-signature collective codes of the gather/scatter kernels (ffi/kernels/all_reduce.h).
-_ALL_GATHER, _REDUCE_SCATTER = 2, 3
+# Call-signature collective codes of the gather/scatter kernels (from the native table).
+_ALL_GATHER = algorithms.COLLECTIVE_CODES["all_gather"]
+_REDUCE_SCATTER = algorithms.COLLECTIVE_CODES["psum_scatter"]
 
 
 def _check_gather_scatter_algorithm(algorithm: str) -> None:

@@ -46,8 +46,6 @@ class CollectiveMismatchError(CollectiveError):
   algorithm) at the same point."""
 
 
-# Error kinds of the error word (ffi/include/jaxll/error_word.h).
-_KIND_TIMEOUT, _KIND_MISMATCH = 1, 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +227,9 @@ def check_errors() -> None:
   found = _recorded()
   if found:
     kind = found[0][0]
-    cls = CollectiveMismatchError if kind == _KIND_MISMATCH else CollectiveTimeoutError
+    from jaxll.algorithms import ERROR_KIND_CODES  # (the error word's kinds, from the native table)
+    cls = (CollectiveMismatchError if kind == ERROR_KIND_CODES["mismatch"]
+           else CollectiveTimeoutError)
     raise cls("\n".join(message for _, message in found))
 
 

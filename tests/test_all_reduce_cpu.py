@@ -293,14 +293,14 @@ def test_virtual_calls_lower_with_their_attributes(monkeypatch, one_launch, comm
                                       one_launch=one_launch)
   text = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
   assert f"@jaxll_virtual_all_reduce{suffix}(" in text
-  for attr in ("comm = 7 : i64", "skip_rank = -1 : i64", f"one_launch = {int(one_launch)} : i64"):
+  for attr in ("workspace = 7 : i64", "skip_rank = -1 : i64", f"one_launch = {int(one_launch)} : i64"):
     assert attr in text, text
   g = lambda x, r, w: jt.virtual_fused_rmsnorm(x, r, w, command_buffer=command_buffer,
                                                protocol="sentinel", one_launch=one_launch)
   text = jax.jit(g).trace(x, x, w).lower(lowering_platforms=("cuda",)).as_text()
   assert f"@jaxll_virtual_all_reduce_rmsnorm{suffix}(" in text
   code = algorithms.RMSNORM_PROTOCOL_CODES["sentinel"]
-  for attr in ("comm = 7 : i64", f"protocol = {code} : i32", f"one_launch = {int(one_launch)} : i64"):
+  for attr in ("workspace = 7 : i64", f"protocol = {code} : i32", f"one_launch = {int(one_launch)} : i64"):
     assert attr in text, text
 
 

@@ -197,7 +197,7 @@ def test_fused_request_lowers_to_the_kernel_in_the_order_chain(mesh, monkeypatch
   assert fused[1] == "3" and (order_in == check or re.search(
       rf"{order_in.split('#')[0]} = stablehlo\.custom_call @jaxll_join\({check}\b", text)), text
   assert after[3].split(", ")[-1] == fused[0] + "#2"               # the next call after it
-  assert "eps = 9.99999974E-6 : f32" in text and "comm = 7" in text
+  assert "eps = 9.99999974E-6 : f32" in text and "workspace = 7" in text
   assert "protocol = 0 : i32" in text  # ("fused": the kernel's choice)
   sites = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"]
   assert sites and sites[-1].algorithm == "fused_oneshot_ll"
@@ -821,3 +821,75 @@ def test_gather_scatter_axis_errors_name_the_function(mesh, name):
                             in_specs=P("tp"), out_specs=P("tp")))
   with pytest.raises(NameError, match=f"jaxll.{name}: unknown axis name 'dp'"):
     f(jax.device_put(jnp.ones((8, 8), jnp.float32), NamedSharding(mesh, P("tp"))))
+
+
+def _declared_attributes(path):
+  """{handler symbol: {attribute: MLIR type}} from the XLA_FFI_DEFINE_HANDLER_SYMBOL
+  bindings of a C++ file (its binding macros expanded)."""
+  import os
+  import re
+  text = open(path).read()
+  macros = {m.group(1): m.group(2) for m in re.finditer(
+      r"#define (\w+)\s*\\\n((?:.*\\\n)*.*)", text)}
+  types = {"int64_t": "i64", "int32_t": "i32", "float": "f32",
+           "ffi::Span<const int64_t>": "i64[]"}
+  out = {}
+  for m in re.finditer(r"XLA_FFI_DEFINE_HANDLER_SYMBOL\((\w+),\s*\w+,(.*?)\);", text, re.S):
+    body = m.group(2)
+    for name, expansion in macros.items():
+      body = body.replace(name, expansion)
+    out[m.group(1)] = {a: types[t] for t, a in re.findall(r'\.Attr<([^>]+>?)>\("(\w+)"\)', body)}
+  assert out and os.path.basename(path)
+  return out
+
+
+def _lowered_attributes(text):
+  """{custom call target: {attribute: MLIR type}} of every jaxll custom call in
+  lowered text (each target's calls must agree)."""
+  import re
+  out = {}
+  for m in re.finditer(r"stablehlo\.custom_call @(jaxll_\w+)\([^\n]*?mhlo\.backend_config = "
+                       r"\{([^}]*)\}", text):
+    attrs = {}
+    for name, value in re.findall(r"(\w+) = ([^,]+(?:\[[^\]]*\])?)", m.group(2)):
+      kind = value.strip().split(":")[-1].strip()
+      attrs[name] = "i64[]" if re.fullmatch(r"tensor<\d+xi64>|array<i64.*", kind) else kind
+    assert out.setdefault(m.group(1), attrs) == attrs, (m.group(1), attrs)
+  return out
+
+
+def test_lowered_attributes_are_the_ones_the_handlers_declare(mesh, monkeypatch):
+  # every custom call jaxll emits carries exactly the attributes, names and
+  # types, that its FFI handler binds (ffi/runtime/ffi_handlers.cc): a
+  # mismatch would only show on a GPU, as an FFI decoding error at run time
+  import os
+  import types as pytypes
+  import jaxll.testing as jt
+  from jaxll import lowering
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  declared = _declared_attributes(os.path.join(root, "ffi", "runtime", "ffi_handlers.cc"))
+  lowered = _lowered_attributes(_cuda_text(mesh, monkeypatch, hidden=64))  # fused + all_reduce
+  monkeypatch.setattr(lowering, "group_size", lambda ctx, axes: 8)
+  for fn in (lambda v: jaxll.all_gather(v, "tp", tiled=True, algorithm="oneshot_ll"),
+             lambda v: jaxll.psum_scatter(v, "tp", tiled=True, algorithm="oneshot_ll")):
+    f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("tp"), out_specs=P("tp")))
+    x = jax.device_put(np.zeros((8 * 64,), np.float32), NamedSharding(mesh, P("tp")))
+    lowered.update(_lowered_attributes(f.trace(x).lower(lowering_platforms=("cuda",)).as_text()))
+  monkeypatch.setattr(jt, "virtual_workspace", lambda n, device=None, config=None:
+                      pytypes.SimpleNamespace(id=7))
+  x = jax.ShapeDtypeStruct((2, 3, 64), np.float32)
+  w = jax.ShapeDtypeStruct((64,), np.float32)
+  for graph in (False, True):
+    f = lambda x: jt.virtual_all_reduce(x, command_buffer=graph)
+    g = lambda x, r, w: jt.virtual_fused_rmsnorm(x, r, w, command_buffer=graph)
+    lowered.update(_lowered_attributes(
+        jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()))
+    lowered.update(_lowered_attributes(
+        jax.jit(g).trace(x, x, w).lower(lowering_platforms=("cuda",)).as_text()))
+  want = {"jaxll_all_reduce", "jaxll_all_reduce_rmsnorm", "jaxll_gather_scatter", "jaxll_check",
+          "jaxll_virtual_all_reduce", "jaxll_virtual_all_reduce_graph",
+          "jaxll_virtual_all_reduce_rmsnorm", "jaxll_virtual_all_reduce_rmsnorm_graph"}
+  assert want <= set(lowered), sorted(lowered)
+  for target, attrs in lowered.items():
+    assert attrs == declared[target + "_handler"], (target, attrs, declared[target + "_handler"])
+  assert declared["jaxll_all_reduce_handler"]["workspace"] == "i64"

@@ -332,6 +332,17 @@ def test_codes_come_from_the_extension_and_name_every_signature():
       for op, ocode in codes["ops"].items():
         text = ext.describe_signature(ext.call_signature(spec.code, dcode, ocode, 1000))
         assert text == (f"all_reduce of 1000 {dtype} elements, op {op}, algorithm {name}"), text
+  # the call signature's collectives and the error word's kinds: the same table
+  assert algorithms.COLLECTIVE_CODES == codes["collectives"]
+  assert algorithms.ERROR_KIND_CODES == codes["error_kinds"]
+  for collective, code in codes["collectives"].items():
+    sig = (1 << 63) | code << 56 | codes["dtypes"]["float32"] << 44 | (
+        codes["algorithms"]["oneshot_ll"] << 40) | 5
+    assert ext.describe_signature(sig).startswith(
+        {"all_reduce_rmsnorm": "all_reduce_rmsnorm of 0 x 5 float32"}.get(collective,
+                                                                        f"{collective} of ")), sig
+  for kind, code in codes["error_kinds"].items():
+    assert ext.decode_error(ext.encode_error(code, 3, 1, 2, 9))[0] == code, kind
 
 
 def test_a_named_call_site_belongs_to_its_thread():

@@ -497,7 +497,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_handler, AllReduceExecute,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("workspace")
                                   .Attr<int64_t>("algorithm")
                                   .Attr<int64_t>("op"),
                               {ffi::Traits::kCmdBufferCompatible});
@@ -508,7 +508,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_handler, AllReduceExecute,
       .Ctx<ffi::DeviceOrdinal>()                         \
       .Arg<ffi::AnyBuffer>()                             \
       .Ret<ffi::AnyBuffer>()                             \
-      .Attr<int64_t>("comm")                             \
+      .Attr<int64_t>("workspace")                             \
       .Attr<int64_t>("algorithm")                        \
       .Attr<int64_t>("op")                               \
       .Attr<int64_t>("skip_rank")                        \
@@ -522,7 +522,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_handler, AllReduceExecute,
       .Arg<ffi::AnyBuffer>()                             \
       .Ret<ffi::AnyBuffer>()                             \
       .Ret<ffi::AnyBuffer>()                             \
-      .Attr<int64_t>("comm")                             \
+      .Attr<int64_t>("workspace")                             \
       .Attr<float>("eps")                                \
       .Attr<int32_t>("protocol")                         \
       .Attr<int64_t>("one_launch")
@@ -576,7 +576,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_all_reduce_rmsnorm_handler, RmsNormExecute,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("workspace")
                                   .Attr<float>("eps")
                                   .Attr<int32_t>("protocol"),
                               {ffi::Traits::kCmdBufferCompatible});
@@ -589,7 +589,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxll_gather_scatter_handler, GatherScatterExecute
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("workspace")
                                   .Attr<int64_t>("collective")
                                   .Attr<int64_t>("algorithm"),
                               {ffi::Traits::kCmdBufferCompatible});

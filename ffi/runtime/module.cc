@@ -282,9 +282,23 @@ NB_MODULE(_jaxll, m) {
     for (int code = 0; code < kRmsNormProtocolCount; ++code)
       refusals[rmsnorm_protocol_name(code)] = rmsnorm_refusal(static_cast<RmsNormProtocol>(code));
     d["rmsnorm_refusals"] = refusals;
+    nb::dict collectives;  // the call signature's collective field (Collective)
+    collectives["all_reduce"] = static_cast<int>(Collective::kAllReduce);
+    collectives["all_reduce_rmsnorm"] = static_cast<int>(Collective::kRmsNorm);
+    collectives["all_gather"] = static_cast<int>(Collective::kAllGather);
+    collectives["psum_scatter"] = static_cast<int>(Collective::kReduceScatter);
+    d["collectives"] = collectives;
+    nb::dict kinds;  // the error word's kind field (ErrorKind, jaxll/error_word.h)
+    kinds["none"] = static_cast<int>(ErrorKind::kNone);
+    kinds["timeout"] = static_cast<int>(ErrorKind::kTimeout);
+    kinds["mismatch"] = static_cast<int>(ErrorKind::kMismatch);
+    kinds["freed"] = static_cast<int>(ErrorKind::kFreed);
+    kinds["not_started"] = static_cast<int>(ErrorKind::kNotStarted);
+    d["error_kinds"] = kinds;
     return d;
-  }, "The codes of algorithms, element types, ops and the fused kernel's protocols, by name "
-     "(the one table), and why each protocol, asked for, may refuse a call.");
+  }, "The codes of algorithms, element types, ops, the fused kernel's protocols, the call "
+     "signature's collectives and the error word's kinds, by name (the one table), and why "
+     "each protocol, asked for, may refuse a call.");
   m.def("rmsnorm_plan", [](int64_t id, int dtype, int64_t tokens, int64_t hidden, int protocol) {
     Workspace& c = workspace_or_throw(id);
     const Rank* r = nullptr;

@@ -1,6 +1,6 @@
 // Symmetric workspaces (jaxll.Workspace in Python) and the process-wide registry
 // that owns them (the private bindings in module.cc: create_workspace,
-// workspace_info, ...; the FFI attribute that carries the id is still "comm").
+// workspace_info, ...; the FFI attribute that carries the id is "workspace").
 //
 // A Workspace serves one set of device groups that reduce together (for a mesh axis,
 // every group of that axis that has a device in this process). Each member device

@@ -21,10 +21,10 @@ namespace {
 const jaxll::ExtensionApi* g_api = nullptr;
 
 // operands: x, order (jaxll's 4-byte order buffer, never touched);
-// results: y, order; attributes: comm (the workspace id), root
+// results: y, order; attributes: workspace (the workspace id), root
 ffi::Error BroadcastExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
                             ffi::AnyBuffer /*order*/, ffi::Result<ffi::AnyBuffer> y,
-                            ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t comm,
+                            ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t workspace,
                             int64_t root) {
   if (g_api == nullptr) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
@@ -32,7 +32,7 @@ ffi::Error BroadcastExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer
   }
   jaxll::RankView view;
   char error[512];
-  const int status = g_api->get_rank_view(comm, ordinal, &view, error, sizeof(error));
+  const int status = g_api->get_rank_view(workspace, ordinal, &view, error, sizeof(error));
   if (status != jaxll::kExtensionOk) {
     return ffi::Error(status == jaxll::kExtensionHasError ? ffi::ErrorCode::kAborted
                                                           : ffi::ErrorCode::kFailedPrecondition,
@@ -149,7 +149,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(custom_broadcast_handler, custom_collective::Broad
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("comm")
+                                  .Attr<int64_t>("workspace")
                                   .Attr<int64_t>("root"));
 
 NB_MODULE(_broadcast, m) {

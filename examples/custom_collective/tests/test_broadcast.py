@@ -63,7 +63,7 @@ def test_gpu_lowering_is_chained_with_jaxll_calls(mesh, monkeypatch):
   calls = re.findall(r"(%\w+):2 = stablehlo\.custom_call @(\w+)\((%[\w#]+), (%[\w#]+)\)", text)
   assert [c[1] for c in calls] == ["jaxll_all_reduce", "custom_broadcast", "jaxll_all_reduce"]
   assert calls[1][3] == calls[0][0] + "#1" and calls[2][3] == calls[1][0] + "#1", calls
-  assert "comm = 7" in text and "root = 3" in text
+  assert "workspace = 7" in text and "root = 3" in text
 
 
 @pytest.mark.gpu

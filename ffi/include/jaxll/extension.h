@@ -5,7 +5,7 @@
 // that holds a `const ExtensionApi*`. An extension takes it once (an init
 // function of its module), checks `version` and `rank_view_bytes` against the
 // headers it was built with, and keeps the pointer. Its XLA FFI handler gets
-// the workspace id as the `comm` attribute (jaxll.extension.emit_call sets it)
+// the workspace id as the `workspace` attribute (jaxll.extension.emit_call sets it)
 // and the CUDA device ordinal XLA runs it on, asks get_rank_view for that rank,
 // and passes the RankView by value to its kernel, which uses the device API
 // (jaxll/jaxll.cuh).
@@ -28,8 +28,9 @@
 
 namespace jaxll {
 
-// 2: WorkspaceHeader gained the row-norm exchange; 3: get_rank_view_of
-constexpr uint32_t kExtensionApiVersion = 3;
+// 2: WorkspaceHeader gained the row-norm exchange; 3: get_rank_view_of;
+// 4: the FFI attribute that carries the workspace id is `workspace` (was `comm`)
+constexpr uint32_t kExtensionApiVersion = 4;
 
 // What get_rank_view returns.
 enum ExtensionStatus : int {
