@@ -3,7 +3,7 @@
 #
 #   execute_process(COMMAND python -c "import jaxll; print(jaxll.get_cmake_dir())"
 #                   OUTPUT_VARIABLE jaxll_DIR OUTPUT_STRIP_TRAILING_WHITESPACE)
-#   find_package(jaxll CONFIG REQUIRED)
+#   find_package(jaxll 0.1 CONFIG REQUIRED)   # (jaxllConfigVersion.cmake: same minor)
 #   target_link_libraries(my_ext PRIVATE jaxll::device_api)
 #
 # jaxll::device_api is header-only (an INTERFACE target with the include path);
@@ -19,6 +19,7 @@ endif()
 if(NOT TARGET jaxll::device_api)
   add_library(jaxll::device_api INTERFACE IMPORTED)
   set_target_properties(jaxll::device_api PROPERTIES
-                        INTERFACE_INCLUDE_DIRECTORIES "${jaxll_INCLUDE_DIR}")
+                        INTERFACE_INCLUDE_DIRECTORIES "${jaxll_INCLUDE_DIR}"
+                        INTERFACE_COMPILE_FEATURES cxx_std_17)
 endif()
 set(jaxll_FOUND TRUE)

@@ -24,6 +24,12 @@ def test_headers_and_cmake_config_are_installed():
                "round.cuh", "ll128_atomic.cuh", "sentinel.cuh", "memory_ops.cuh"):
     assert os.path.isfile(os.path.join(inc, "jaxll", name)), name
   assert os.path.isfile(os.path.join(jaxll.get_cmake_dir(), "jaxllConfig.cmake"))
+  # the version file find_package(jaxll 0.1 CONFIG) reads: the wheel's version
+  import re
+  version = re.search(r'^version = "([^"]+)"', open(os.path.join(ROOT, "pyproject.toml")).read(),
+                      re.M).group(1)
+  text = open(os.path.join(jaxll.get_cmake_dir(), "jaxllConfigVersion.cmake")).read()
+  assert f'set(PACKAGE_VERSION "{version}")' in text, text[:500]
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc")
@@ -81,8 +87,37 @@ def test_example_extension_builds_against_the_installed_jaxll(tmp_path):
 
 @pytest.mark.skipif(not jaxll.kernels_available(), reason="jaxll built without its kernels")
 def test_extension_api_capsule():
+  # the table an extension reads (jaxll/extension.h), called through ctypes as
+  # a C extension would: its layout, the version, and the calls' error contract
+  import ctypes
   capsule = jaxll.extension.api()
   assert type(capsule).__name__ == "PyCapsule" and "jaxll.extension_api" in repr(capsule)
+  get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+  get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+  view_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
+                             ctypes.c_char_p, ctypes.c_size_t)
+  view_of_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
+                                ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
+  register_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                                 ctypes.c_char_p, ctypes.c_size_t)
+
+  class Table(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("rank_view_bytes", ctypes.c_uint32),
+                ("get_rank_view", view_fn), ("get_rank_view_of", view_of_fn),
+                ("register_kernels", register_fn)]
+
+  table = Table.from_address(get_pointer(capsule, b"jaxll.extension_api"))
+  assert table.version == 4 and table.rank_view_bytes > 0
+  error = ctypes.create_string_buffer(512)
+  view = ctypes.create_string_buffer(table.rank_view_bytes)
+  assert table.get_rank_view(10 ** 6, 0, view, error, 512) == 1  # kExtensionNoWorkspace
+  assert b"workspace 1000000 does not exist" in error.value
+  assert table.get_rank_view_of(10 ** 6, 0, 0, view, error, 512) == 1
+  assert table.register_kernels(None, 0, error, 512) == 0  # kExtensionOk: nothing to load
+  assert table.register_kernels(None, -1, error, 512) == 4  # kExtensionBadArgument
+  assert b"count >= 0" in error.value
+  null = (ctypes.c_void_p * 1)(None)
+  assert table.register_kernels(null, 1, error, 512) == 4 and b"null address" in error.value
 
 
 def _sources(folder, *suffixes):

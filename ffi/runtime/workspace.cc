@@ -76,6 +76,16 @@ std::vector<const void*> collective_kernels(bool group_twins) {
 // Loads every kernel jaxll may launch on the current device. With CUDA's lazy
 // loading, a kernel loaded on first launch while a collective spins elsewhere
 // can stall behind it until the collective's deadline; so nothing is left lazy.
+// Loads kernel `fn` on the current device and sets its shared-memory carveout.
+void load_kernel(const void* fn, int carveout) {
+  cudaFuncAttributes attr;  // querying the attributes loads the kernel
+  check_cuda(cudaFuncGetAttributes(&attr, fn), "loading jaxll kernels");
+  if (carveout >= 0) {
+    check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, carveout),
+               "setting the shared-memory carveout of jaxll kernels");
+  }
+}
+
 void load_all_kernels(bool group_twins) {
   std::vector<const void*> fns = collective_kernels(group_twins);
   {
@@ -83,14 +93,7 @@ void load_all_kernels(bool group_twins) {
     fns.insert(fns.end(), preloaded_kernels().begin(), preloaded_kernels().end());
   }
   const int carveout = shared_memory_carveout();
-  for (const void* fn : fns) {
-    cudaFuncAttributes attr;  // querying the attributes loads the kernel
-    check_cuda(cudaFuncGetAttributes(&attr, fn), "loading jaxll kernels");
-    if (carveout >= 0) {
-      check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, carveout),
-                 "setting the shared-memory carveout of jaxll kernels");
-    }
-  }
+  for (const void* fn : fns) load_kernel(fn, carveout);
 }
 
 // Occupancy of the least-occupying collective kernel at kBlockThreads threads.
@@ -172,6 +175,26 @@ void register_preloaded_kernels(const std::vector<const void*>& fns) {
         preloaded_kernels().end()) {
       preloaded_kernels().push_back(fn);
     }
+  }
+}
+
+void load_on_workspace_devices(const std::vector<const void*>& fns) {
+  std::vector<int> ordinals;
+  for (int id : workspace_ids()) {
+    const Workspace* c = workspace_lookup(id);
+    if (c == nullptr) continue;
+    for (int g = 0; g < c->group_count(); ++g) {
+      for (int r = 0; r < c->group_size(); ++r) {
+        if (!c->has_rank(g, r)) continue;
+        const int o = c->rank(g, r).ordinal;
+        if (std::find(ordinals.begin(), ordinals.end(), o) == ordinals.end()) ordinals.push_back(o);
+      }
+    }
+  }
+  const int carveout = shared_memory_carveout();
+  for (int o : ordinals) {
+    DeviceGuard guard(o);
+    for (const void* fn : fns) load_kernel(fn, carveout);
   }
 }
 

@@ -135,6 +135,9 @@ class Workspace {
 // runtime hand theirs in (the bindings register the testing kernels), so the
 // runtime depends on no tool.
 void register_preloaded_kernels(const std::vector<const void*>& fns);
+// Loads `fns` now (with the carveout jaxll's kernels get) on the devices of this
+// process's ranks of every workspace already built. Throws on a CUDA error.
+void load_on_workspace_devices(const std::vector<const void*>& fns);
 
 // SMs times the lowest occupancy of jaxll's kernels on CUDA device `ordinal`
 // (loads every kernel there; `group_twins`: the group twins too, as virtual-rank
@@ -157,7 +160,7 @@ std::vector<int> workspace_ids();
 // any other value.
 bool trap_on_error();
 // JAXLL_SIGNATURES: "1" (default) checks every call's signature against the
-// peers' (all_reduce_common.cuh), "0" does not (a mismatch then goes unnoticed
+// peers' (jaxll/round.cuh), "0" does not (a mismatch then goes unnoticed
 // or surfaces as a timeout); throws on any other value.
 bool check_signatures();
 

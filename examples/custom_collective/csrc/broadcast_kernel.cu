@@ -110,6 +110,8 @@ __global__ void __launch_bounds__(kThreads) broadcast_kernel(RankView v, const u
 
 }  // namespace
 
+const void* broadcast_kernel_address() { return reinterpret_cast<const void*>(&broadcast_kernel); }
+
 cudaError_t launch_broadcast(const jaxll::RankView& view, const void* x, void* y, int64_t bytes,
                              int root, cudaStream_t stream) {
   if (bytes <= 0) return cudaSuccess;

@@ -13,4 +13,7 @@ namespace custom_collective {
 cudaError_t launch_broadcast(const jaxll::RankView& view, const void* x, void* y, int64_t bytes,
                              int root, cudaStream_t stream);
 
+// The kernel's address, for jaxll's register_kernels (jaxll/extension.h).
+const void* broadcast_kernel_address();
+
 }  // namespace custom_collective

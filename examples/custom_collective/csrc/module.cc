@@ -167,6 +167,13 @@ NB_MODULE(_broadcast, m) {
           std::to_string(table->version) + " and " + std::to_string(table->rank_view_bytes) +
           "): rebuild it");
     }
+    // jaxll loads the kernel on every workspace's devices while it builds them
+    // (never inside a step), as it does its own
+    const void* kernels[] = {custom_collective::broadcast_kernel_address()};
+    char error[512];
+    if (table->register_kernels(kernels, 1, error, sizeof(error)) != jaxll::kExtensionOk) {
+      throw std::runtime_error(error);
+    }
     custom_collective::g_api = table;
   }, nb::arg("api"));
   m.def("virtual_broadcast", &custom_collective::virtual_broadcast, nb::arg("workspace"),

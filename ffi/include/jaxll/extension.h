@@ -4,7 +4,8 @@
 // In Python, jaxll.extension.api() returns a capsule named "jaxll.extension_api"
 // that holds a `const ExtensionApi*`. An extension takes it once (an init
 // function of its module), checks `version` and `rank_view_bytes` against the
-// headers it was built with, and keeps the pointer. Its XLA FFI handler gets
+// headers it was built with, registers its kernels (register_kernels) and keeps
+// the pointer. Its XLA FFI handler gets
 // the workspace id as the `workspace` attribute (jaxll.extension.emit_call sets it)
 // and the CUDA device ordinal XLA runs it on, asks get_rank_view for that rank,
 // and passes the RankView by value to its kernel, which uses the device API
@@ -18,7 +19,18 @@
 //    without communicating, when that reports an earlier error;
 //  - every wait is bounded (bounded_wait, ll16_wait) and a wait that gave up
 //    records the error (spin_wait.cuh), so a lost peer never hangs the GPU;
-//  - a grid has at most `view.max_blocks` blocks (all co-resident).
+//  - its kernels are registered with register_kernels before their first call,
+//    so that they are loaded (and given jaxll's shared-memory carveout) on a
+//    workspace's devices while it is built, never inside a step;
+//  - a grid has at most `view.max_blocks` blocks. Those are co-resident with
+//    every other rank's on the same GPU for kernels that hold at least as many
+//    blocks per SM as jaxll's own (view.max_blocks is the SMs times the fewest
+//    blocks per SM of jaxll's kernels at 512 threads, 2 on sm_90, divided by
+//    the ranks per device): blocks of at most 512 threads within
+//    __launch_bounds__(512, 2) (at most 64 registers a thread). A heavier
+//    kernel must scale its grid down by its own occupancy
+//    (cudaOccupancyMaxActiveBlocksPerMultiprocessor), or its ranks can wait
+//    on blocks that never start until the waits give up.
 #pragma once
 
 #include <cstddef>
@@ -29,7 +41,8 @@
 namespace jaxll {
 
 // 2: WorkspaceHeader gained the row-norm exchange; 3: get_rank_view_of;
-// 4: the FFI attribute that carries the workspace id is `workspace` (was `comm`)
+// 4: the FFI attribute that carries the workspace id is `workspace` (was
+// `comm`), register_kernels
 constexpr uint32_t kExtensionApiVersion = 4;
 
 // What get_rank_view returns.
@@ -39,6 +52,9 @@ enum ExtensionStatus : int {
   kExtensionNotMember = 2,    // the device is not a rank of it (or it is not connected)
   kExtensionHasError = 3,     // a kernel recorded an error there: fail the call (the
                               // message says which); jaxll.reset() clears it
+  kExtensionBadArgument = 4,  // register_kernels: a negative count or a null address
+  kExtensionCudaError = 5,    // register_kernels: loading a kernel failed (the message
+                              // has the CUDA error)
 };
 
 struct ExtensionApi {
@@ -61,6 +77,18 @@ struct ExtensionApi {
   // indices out of range. Same error contract as get_rank_view.
   int (*get_rank_view_of)(int64_t workspace, int group, int rank, RankView* view, char* error,
                           size_t error_len);
+  // Registers `count` kernels of the extension (the addresses of their
+  // __global__ functions, as cudaLaunchKernel takes them). jaxll loads them,
+  // and sets on them the shared-memory carveout it sets on its own kernels, on
+  // the devices of every workspace it builds from then on, while it builds it
+  // (CUDA loads modules lazily: a first launch inside a step would load one
+  // under a global lock while peers spin, and where ranks share a GPU a kernel
+  // that wants another shared-memory configuration than the spinning blocks
+  // may never be placed); the devices of workspaces already built get them at
+  // once. Call it from the thread that initialises the extension, never from
+  // an FFI handler. Registering a kernel twice is harmless. Same error contract
+  // as get_rank_view (kExtensionBadArgument, kExtensionCudaError).
+  int (*register_kernels)(const void* const* kernels, int count, char* error, size_t error_len);
 };
 
 }  // namespace jaxll
