@@ -1,4 +1,5 @@
-// All-reduce + residual add + RMSNorm in one kernel, on the one-shot LL16 path.
+// All-reduce + residual add + RMSNorm in one kernel: one-shot on LL16 (any cut)
+// or on the sentinel exchange, or two-shot (the decode-shape cuts; below).
 //
 // Rows (tokens) are cut into S segments of about 128 LL16 units, and each block
 // owns one segment of one row per row-wave: block b takes segment b % S of rows
@@ -19,8 +20,8 @@
 // through this rank's header, as LL16 packets tagged with a per-call tag. Each
 // block then writes normed = round(new_residual * rsqrt(mean + eps)) * weight
 // for its own segment. Scratch alternates by epoch parity, as in the one-shot all-reduce
-// (all_reduce_common.cuh); call signatures are checked the same way (collective
-// code 1). All blocks of the grid are co-resident (the grid bound), so a block
+// (all_reduce_common.cuh); call signatures are checked the same way (jaxll/round.cuh,
+// collective Collective::kRmsNorm). All blocks of the grid are co-resident (the grid bound), so a block
 // waiting for its row's partial sums always ends.
 //
 // Where the grid of a block per 128 units would not launch early (more than half
