@@ -22,8 +22,9 @@ workspace in one order and never runs two at once (see ``jaxll/lowering.py``);
 the handler must accept and ignore it. At run time the handler turns
 (``workspace``, device ordinal) into the rank's ``RankView`` through the table
 :func:`api` returns (``jaxll/extension.h``); the extension's init registers
-its kernels there (``register_kernels``), so that jaxll loads them on a
-workspace's devices while it builds it, never inside a step.
+a loader of its kernels there (``register_loader``), which jaxll runs on a
+workspace's devices while it builds it, so that they are never loaded inside a
+step.
 """
 
 from __future__ import annotations

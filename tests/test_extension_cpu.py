@@ -85,6 +85,9 @@ def test_example_extension_builds_against_the_installed_jaxll(tmp_path):
   assert " passed" in r.stdout
 
 
+_LOADERS = []  # (ctypes callbacks handed to jaxll must outlive the test)
+
+
 @pytest.mark.skipif(not jaxll.kernels_available(), reason="jaxll built without its kernels")
 def test_extension_api_capsule():
   # the table an extension reads (jaxll/extension.h), called through ctypes as
@@ -98,13 +101,14 @@ def test_extension_api_capsule():
                              ctypes.c_char_p, ctypes.c_size_t)
   view_of_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
                                 ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
-  register_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                                 ctypes.c_char_p, ctypes.c_size_t)
+  loader_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                               ctypes.c_size_t)
+  register_fn = ctypes.CFUNCTYPE(ctypes.c_int, loader_fn, ctypes.c_char_p, ctypes.c_size_t)
 
   class Table(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("rank_view_bytes", ctypes.c_uint32),
                 ("get_rank_view", view_fn), ("get_rank_view_of", view_of_fn),
-                ("register_kernels", register_fn)]
+                ("register_loader", register_fn)]
 
   table = Table.from_address(get_pointer(capsule, b"jaxll.extension_api"))
   assert table.version == 4 and table.rank_view_bytes > 0
@@ -113,11 +117,15 @@ def test_extension_api_capsule():
   assert table.get_rank_view(10 ** 6, 0, view, error, 512) == 1  # kExtensionNoWorkspace
   assert b"workspace 1000000 does not exist" in error.value
   assert table.get_rank_view_of(10 ** 6, 0, 0, view, error, 512) == 1
-  assert table.register_kernels(None, 0, error, 512) == 0  # kExtensionOk: nothing to load
-  assert table.register_kernels(None, -1, error, 512) == 4  # kExtensionBadArgument
-  assert b"count >= 0" in error.value
-  null = (ctypes.c_void_p * 1)(None)
-  assert table.register_kernels(null, 1, error, 512) == 4 and b"null address" in error.value
+  assert table.register_loader(loader_fn(), error, 512) == 4  # kExtensionBadArgument
+  assert b"takes a loader function" in error.value
+  # a loader is run at once on the devices of the workspaces built so far (none
+  # here without a GPU) and kept for later builds; this one only counts its runs
+  calls = []
+  _LOADERS.append(loader_fn(lambda ordinal, carveout, err, n: calls.append(ordinal) or 0))
+  built = jaxll._ext.ext.workspace_ids()
+  assert table.register_loader(_LOADERS[-1], error, 512) == 0
+  assert bool(calls) == bool(built), (calls, built)
 
 
 def _sources(folder, *suffixes):

@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <exception>
 #include <string>
-#include <vector>
 
 #include "workspace.h"
 
@@ -64,27 +63,16 @@ int get_rank_view_of(int64_t workspace, int group, int rank, RankView* view, cha
   return kExtensionOk;
 }
 
-int register_kernels(const void* const* kernels, int count, char* error, size_t error_len) {
-  if (count < 0 || (count > 0 && kernels == nullptr)) {
-    return fail(kExtensionBadArgument,
-                "jaxll: register_kernels takes an array of count >= 0 kernel addresses (count " +
-                    std::to_string(count) + ")",
-                error, error_len);
-  }
-  const std::vector<const void*> fns(kernels, kernels + count);
-  for (int i = 0; i < count; ++i) {
-    if (fns[i] == nullptr) {
-      return fail(kExtensionBadArgument,
-                  "jaxll: register_kernels: kernel " + std::to_string(i) + " is a null address",
-                  error, error_len);
-    }
+int register_loader(int (*load)(int ordinal, int carveout, char* error, size_t error_len),
+                    char* error, size_t error_len) {
+  if (load == nullptr) {
+    return fail(kExtensionBadArgument, "jaxll: register_loader takes a loader function", error,
+                error_len);
   }
   try {
-    register_preloaded_kernels(fns);
-    load_on_workspace_devices(fns);
+    register_kernel_loader(load);
   } catch (const std::exception& e) {
-    return fail(kExtensionCudaError, std::string("jaxll: register_kernels: ") + e.what(), error,
-                error_len);
+    return fail(kExtensionCudaError, std::string("jaxll: ") + e.what(), error, error_len);
   }
   return kExtensionOk;
 }
@@ -93,7 +81,7 @@ int register_kernels(const void* const* kernels, int count, char* error, size_t 
 
 const ExtensionApi* extension_api() {
   static const ExtensionApi api{kExtensionApiVersion, static_cast<uint32_t>(sizeof(RankView)),
-                                &get_rank_view, &get_rank_view_of, &register_kernels};
+                                &get_rank_view, &get_rank_view_of, &register_loader};
   return &api;
 }
 

@@ -86,14 +86,35 @@ void load_kernel(const void* fn, int carveout) {
   }
 }
 
+std::vector<KernelLoader>& kernel_loaders() {
+  static std::vector<KernelLoader> loaders;
+  return loaders;
+}
+
+// Runs an extension's loader for CUDA device `ordinal`; throws its message.
+void run_loader(KernelLoader load, int ordinal, int carveout) {
+  char error[512] = {0};
+  if (load(ordinal, carveout, error, sizeof(error)) != 0) {
+    throw std::runtime_error("an extension's kernel loader (register_loader) failed on CUDA device " +
+                             std::to_string(ordinal) + ": " + error);
+  }
+}
+
+// Loads jaxll's kernels (and the preloaded ones) on the current device, then
+// runs the extensions' loaders there.
 void load_all_kernels(bool group_twins) {
   std::vector<const void*> fns = collective_kernels(group_twins);
+  std::vector<KernelLoader> loaders;
   {
     std::lock_guard<std::mutex> lock(g_preload_mutex);
     fns.insert(fns.end(), preloaded_kernels().begin(), preloaded_kernels().end());
+    loaders = kernel_loaders();
   }
   const int carveout = shared_memory_carveout();
   for (const void* fn : fns) load_kernel(fn, carveout);
+  int ordinal = 0;
+  check_cuda(cudaGetDevice(&ordinal), "querying the current device");
+  for (KernelLoader load : loaders) run_loader(load, ordinal, carveout);
 }
 
 // Occupancy of the least-occupying collective kernel at kBlockThreads threads.
@@ -175,26 +196,6 @@ void register_preloaded_kernels(const std::vector<const void*>& fns) {
         preloaded_kernels().end()) {
       preloaded_kernels().push_back(fn);
     }
-  }
-}
-
-void load_on_workspace_devices(const std::vector<const void*>& fns) {
-  std::vector<int> ordinals;
-  for (int id : workspace_ids()) {
-    const Workspace* c = workspace_lookup(id);
-    if (c == nullptr) continue;
-    for (int g = 0; g < c->group_count(); ++g) {
-      for (int r = 0; r < c->group_size(); ++r) {
-        if (!c->has_rank(g, r)) continue;
-        const int o = c->rank(g, r).ordinal;
-        if (std::find(ordinals.begin(), ordinals.end(), o) == ordinals.end()) ordinals.push_back(o);
-      }
-    }
-  }
-  const int carveout = shared_memory_carveout();
-  for (int o : ordinals) {
-    DeviceGuard guard(o);
-    for (const void* fn : fns) load_kernel(fn, carveout);
   }
 }
 
@@ -676,6 +677,29 @@ std::vector<int> workspace_ids() {
     if (g_workspaces[i].load(std::memory_order_acquire)) ids.push_back(i);
   }
   return ids;
+}
+
+void register_kernel_loader(KernelLoader load) {
+  std::vector<int> ordinals;  // of this process's ranks of the workspaces built so far
+  {
+    std::lock_guard<std::mutex> lock(g_mu);  // (no workspace is freed meanwhile)
+    for (int i = 1; i < g_next_id; ++i) {
+      const Workspace* c = g_workspaces[i].load(std::memory_order_acquire);
+      if (c == nullptr) continue;
+      for (int g = 0; g < c->group_count(); ++g) {
+        for (int r = 0; r < c->group_size(); ++r) {
+          if (!c->has_rank(g, r)) continue;
+          const int o = c->rank(g, r).ordinal;
+          if (std::find(ordinals.begin(), ordinals.end(), o) == ordinals.end()) ordinals.push_back(o);
+        }
+      }
+    }
+  }
+  const int carveout = shared_memory_carveout();
+  for (int o : ordinals) run_loader(load, o, carveout);  // (throws: not registered)
+  std::lock_guard<std::mutex> lock(g_preload_mutex);
+  if (std::find(kernel_loaders().begin(), kernel_loaders().end(), load) == kernel_loaders().end())
+    kernel_loaders().push_back(load);
 }
 
 }  // namespace jaxll

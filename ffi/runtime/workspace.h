@@ -135,9 +135,13 @@ class Workspace {
 // runtime hand theirs in (the bindings register the testing kernels), so the
 // runtime depends on no tool.
 void register_preloaded_kernels(const std::vector<const void*>& fns);
-// Loads `fns` now (with the carveout jaxll's kernels get) on the devices of this
-// process's ranks of every workspace already built. Throws on a CUDA error.
-void load_on_workspace_devices(const std::vector<const void*>& fns);
+// An extension's kernel loader (ExtensionApi::register_loader, jaxll/extension.h).
+using KernelLoader = int (*)(int ordinal, int carveout, char* error, size_t error_len);
+// Runs `load` now on the devices of this process's ranks of every workspace built
+// so far, then keeps it: every workspace built from now on runs it on each of its
+// devices, after loading jaxll's kernels there. Throws std::runtime_error with the
+// loader's message (and keeps nothing) if a run fails.
+void register_kernel_loader(KernelLoader load);
 
 // SMs times the lowest occupancy of jaxll's kernels on CUDA device `ordinal`
 // (loads every kernel there; `group_twins`: the group twins too, as virtual-rank

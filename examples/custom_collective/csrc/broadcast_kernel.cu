@@ -110,7 +110,19 @@ __global__ void __launch_bounds__(kThreads) broadcast_kernel(RankView v, const u
 
 }  // namespace
 
-const void* broadcast_kernel_address() { return reinterpret_cast<const void*>(&broadcast_kernel); }
+cudaError_t load_broadcast_kernel(int ordinal, int carveout) {
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+  cudaError_t e = cudaSetDevice(ordinal);
+  cudaFuncAttributes attr;
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, broadcast_kernel);  // loads it
+  if (e == cudaSuccess && carveout >= 0) {
+    e = cudaFuncSetAttribute(broadcast_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             carveout);
+  }
+  if (previous >= 0) cudaSetDevice(previous);
+  return e;
+}
 
 cudaError_t launch_broadcast(const jaxll::RankView& view, const void* x, void* y, int64_t bytes,
                              int root, cudaStream_t stream) {

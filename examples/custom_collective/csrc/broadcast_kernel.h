@@ -13,7 +13,9 @@ namespace custom_collective {
 cudaError_t launch_broadcast(const jaxll::RankView& view, const void* x, void* y, int64_t bytes,
                              int root, cudaStream_t stream);
 
-// The kernel's address, for jaxll's register_kernels (jaxll/extension.h).
-const void* broadcast_kernel_address();
+// Loads the kernel on CUDA device `ordinal` with the shared-memory carveout
+// `carveout` (< 0: the driver's choice), restoring the current device: the work
+// of the loader registered with jaxll's register_loader (jaxll/extension.h).
+cudaError_t load_broadcast_kernel(int ordinal, int carveout);
 
 }  // namespace custom_collective

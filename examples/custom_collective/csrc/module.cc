@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -19,6 +20,15 @@ namespace custom_collective {
 namespace {
 
 const jaxll::ExtensionApi* g_api = nullptr;
+
+// The loader init() registers with jaxll (register_loader, jaxll/extension.h).
+int load_kernels(int ordinal, int carveout, char* error, size_t error_len) {
+  const cudaError_t e = load_broadcast_kernel(ordinal, carveout);
+  if (e == cudaSuccess) return 0;
+  std::snprintf(error, error_len, "custom_collective: loading the broadcast kernel on CUDA device %d: %s",
+                ordinal, cudaGetErrorString(e));
+  return 1;
+}
 
 // operands: x, order (jaxll's 4-byte order buffer, never touched);
 // results: y, order; attributes: workspace (the workspace id), root
@@ -167,11 +177,11 @@ NB_MODULE(_broadcast, m) {
           std::to_string(table->version) + " and " + std::to_string(table->rank_view_bytes) +
           "): rebuild it");
     }
-    // jaxll loads the kernel on every workspace's devices while it builds them
-    // (never inside a step), as it does its own
-    const void* kernels[] = {custom_collective::broadcast_kernel_address()};
+    // jaxll runs the loader on every workspace's devices while it builds them
+    // (never inside a step), as it loads its own kernels
     char error[512];
-    if (table->register_kernels(kernels, 1, error, sizeof(error)) != jaxll::kExtensionOk) {
+    if (table->register_loader(&custom_collective::load_kernels, error, sizeof(error)) !=
+        jaxll::kExtensionOk) {
       throw std::runtime_error(error);
     }
     custom_collective::g_api = table;

@@ -4,8 +4,8 @@
 // In Python, jaxll.extension.api() returns a capsule named "jaxll.extension_api"
 // that holds a `const ExtensionApi*`. An extension takes it once (an init
 // function of its module), checks `version` and `rank_view_bytes` against the
-// headers it was built with, registers its kernels (register_kernels) and keeps
-// the pointer. Its XLA FFI handler gets
+// headers it was built with, registers its kernel loader (register_loader) and
+// keeps the pointer. Its XLA FFI handler gets
 // the workspace id as the `workspace` attribute (jaxll.extension.emit_call sets it)
 // and the CUDA device ordinal XLA runs it on, asks get_rank_view for that rank,
 // and passes the RankView by value to its kernel, which uses the device API
@@ -19,9 +19,9 @@
 //    without communicating, when that reports an earlier error;
 //  - every wait is bounded (bounded_wait, ll16_wait) and a wait that gave up
 //    records the error (spin_wait.cuh), so a lost peer never hangs the GPU;
-//  - its kernels are registered with register_kernels before their first call,
-//    so that they are loaded (and given jaxll's shared-memory carveout) on a
-//    workspace's devices while it is built, never inside a step;
+//  - its kernels are loaded by a loader registered with register_loader before
+//    their first call, so that they are loaded (and given jaxll's shared-memory
+//    carveout) on a workspace's devices while it is built, never inside a step;
 //  - a grid has at most `view.max_blocks` blocks. Those are co-resident with
 //    every other rank's on the same GPU for kernels that hold at least as many
 //    blocks per SM as jaxll's own (view.max_blocks is the SMs times the fewest
@@ -42,7 +42,7 @@ namespace jaxll {
 
 // 2: WorkspaceHeader gained the row-norm exchange; 3: get_rank_view_of;
 // 4: the FFI attribute that carries the workspace id is `workspace` (was
-// `comm`), register_kernels
+// `comm`), register_loader
 constexpr uint32_t kExtensionApiVersion = 4;
 
 // What get_rank_view returns.
@@ -52,9 +52,8 @@ enum ExtensionStatus : int {
   kExtensionNotMember = 2,    // the device is not a rank of it (or it is not connected)
   kExtensionHasError = 3,     // a kernel recorded an error there: fail the call (the
                               // message says which); jaxll.reset() clears it
-  kExtensionBadArgument = 4,  // register_kernels: a negative count or a null address
-  kExtensionCudaError = 5,    // register_kernels: loading a kernel failed (the message
-                              // has the CUDA error)
+  kExtensionBadArgument = 4,  // register_loader: a null loader
+  kExtensionCudaError = 5,    // register_loader: the loader failed (the message is its)
 };
 
 struct ExtensionApi {
@@ -77,18 +76,26 @@ struct ExtensionApi {
   // indices out of range. Same error contract as get_rank_view.
   int (*get_rank_view_of)(int64_t workspace, int group, int rank, RankView* view, char* error,
                           size_t error_len);
-  // Registers `count` kernels of the extension (the addresses of their
-  // __global__ functions, as cudaLaunchKernel takes them). jaxll loads them,
-  // and sets on them the shared-memory carveout it sets on its own kernels, on
-  // the devices of every workspace it builds from then on, while it builds it
-  // (CUDA loads modules lazily: a first launch inside a step would load one
-  // under a global lock while peers spin, and where ranks share a GPU a kernel
-  // that wants another shared-memory configuration than the spinning blocks
-  // may never be placed); the devices of workspaces already built get them at
-  // once. Call it from the thread that initialises the extension, never from
-  // an FFI handler. Registering a kernel twice is harmless. Same error contract
-  // as get_rank_view (kExtensionBadArgument, kExtensionCudaError).
-  int (*register_kernels)(const void* const* kernels, int count, char* error, size_t error_len);
+  // Registers the extension's kernel loader. `load(ordinal, carveout, error,
+  // error_len)` must, in the extension's own CUDA runtime (a library linked with
+  // the static runtime has its own, and only it knows the library's kernels),
+  // make CUDA device `ordinal` current, load each of the extension's kernels
+  // there (cudaFuncGetAttributes loads one), set `carveout` as their
+  // cudaFuncAttributePreferredSharedMemoryCarveout when it is >= 0 (what jaxll
+  // sets on its own kernels), restore the current device and return 0; or write
+  // a message into `error` and return nonzero. jaxll runs it now on the devices
+  // of the workspaces already built, and on every device of every workspace it
+  // builds from then on, while it builds it: CUDA loads modules lazily, and a
+  // first launch inside a step would load one under a global lock while peers
+  // spin; where ranks share a GPU, a kernel that wants another shared-memory
+  // configuration than the spinning blocks may never be placed. Call it from
+  // the thread that initialises the extension, before its first call and while
+  // no step runs (at import), never from an FFI handler. Registering a loader
+  // twice is harmless. A loader that fails now is not kept
+  // (kExtensionCudaError, with its message); one that fails later makes that
+  // workspace's build fail with its message. kExtensionBadArgument: a null loader.
+  int (*register_loader)(int (*load)(int ordinal, int carveout, char* error, size_t error_len),
+                         char* error, size_t error_len);
 };
 
 }  // namespace jaxll
