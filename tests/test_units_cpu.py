@@ -117,6 +117,17 @@ def test_algorithm_catalogue_matches_the_kernels():
         assert ext.has_kernel(spec.code, dcode, ocode) == promised, (name, dt, op)
   never_auto = {s.name for s in algorithms.SPECS.values() if not s.auto}
   assert never_auto == {"twoshot_ll128_atomic", "oneshot_barrier", "twoshot_barrier"}
+  # ... and the gather/scatter kernels: the dtypes jaxll.gather_scatter offers
+  # each algorithm (it keeps them for installs without kernels) are the table's
+  from jaxll import gather_scatter
+  for collective in ("all_gather", "psum_scatter"):
+    for name in gather_scatter.KERNEL_ALGORITHMS:
+      promised = (gather_scatter._SENTINEL_DTYPES if name == "oneshot_sentinel"
+                  else gather_scatter._KERNEL_DTYPES)
+      for dt, dcode in algorithms.DTYPE_CODES.items():
+        assert ext.has_gather_scatter_kernel(algorithms.COLLECTIVE_CODES[collective],
+                                             algorithms.SPECS[name].code, dcode) == (
+            dt in promised), (collective, name, dt)
 
 
 def test_reduction_groups_rank_order():

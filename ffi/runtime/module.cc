@@ -264,6 +264,10 @@ NB_MODULE(_jaxll, m) {
     return has_kernel(static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
                       static_cast<ReduceOp>(op));
   }, "algorithm"_a, "dtype"_a, "op"_a);
+  m.def("has_gather_scatter_kernel", [](int collective, int algorithm, int dtype) {
+    return has_gather_scatter_kernel(static_cast<Collective>(collective),
+                                     static_cast<Algorithm>(algorithm), static_cast<DType>(dtype));
+  }, "collective"_a, "algorithm"_a, "dtype"_a);
   m.attr("last_algorithm") = kLastAlgorithm;
   m.def("codes", [] {
     auto as_dict = [](const std::vector<CodeName>& table) {
