@@ -156,3 +156,4 @@ def test_layering_rules_hold_in_the_sources():
   for name, text in _sources("runtime", ".cc", ".h").items():
     if name != "module.cc":
       assert "testing/" not in "".join(re.findall(r'#include\s+"([^"]+)"', text)), name
+      assert "jaxll_virtual_" not in text, name  # (the testing handlers live in ffi/testing)

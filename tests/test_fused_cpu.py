@@ -860,7 +860,8 @@ def _lowered_attributes(text):
 
 def test_lowered_attributes_are_the_ones_the_handlers_declare(mesh, monkeypatch):
   # every custom call jaxll emits carries exactly the attributes, names and
-  # types, that its FFI handler binds (ffi/runtime/ffi_handlers.cc): a
+  # types, that its FFI handler binds (ffi/runtime/ffi_handlers.cc, and
+  # ffi/testing/virtual_handlers.cc for jaxll.testing's calls): a
   # mismatch would only show on a GPU, as an FFI decoding error at run time
   import os
   import types as pytypes
@@ -868,6 +869,7 @@ def test_lowered_attributes_are_the_ones_the_handlers_declare(mesh, monkeypatch)
   from jaxll import lowering
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   declared = _declared_attributes(os.path.join(root, "ffi", "runtime", "ffi_handlers.cc"))
+  declared.update(_declared_attributes(os.path.join(root, "ffi", "testing", "virtual_handlers.cc")))
   lowered = _lowered_attributes(_cuda_text(mesh, monkeypatch, hidden=64))  # fused + all_reduce
   monkeypatch.setattr(lowering, "group_size", lambda ctx, axes: 8)
   for fn in (lambda v: jaxll.all_gather(v, "tp", tiled=True, algorithm="oneshot_ll"),

@@ -5,10 +5,6 @@
 
 extern "C" {
 XLA_FFI_Error* jaxll_all_reduce_handler(XLA_FFI_CallFrame* call_frame);
-XLA_FFI_Error* jaxll_virtual_all_reduce_handler(XLA_FFI_CallFrame* call_frame);
-XLA_FFI_Error* jaxll_virtual_all_reduce_graph_handler(XLA_FFI_CallFrame* call_frame);
-XLA_FFI_Error* jaxll_virtual_all_reduce_rmsnorm_handler(XLA_FFI_CallFrame* call_frame);
-XLA_FFI_Error* jaxll_virtual_all_reduce_rmsnorm_graph_handler(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* jaxll_device_ordinal_handler(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* jaxll_noop_handler(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* jaxll_check_handler(XLA_FFI_CallFrame* call_frame);

@@ -18,6 +18,7 @@
 #include "jaxll/error_word.h"
 #include "jaxll/workspace_layout.h"
 #include "../testing/sol_probe.h"
+#include "../testing/virtual_handlers.h"
 #include "../testing/virtual_testing.h"
 #include "workspace.h"
 #include "xla/ffi/api/c_api.h"
