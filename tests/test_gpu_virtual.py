@@ -704,7 +704,9 @@ def test_fused_two_shot_refuses_what_it_cannot_serve():
 def test_fused_auto_takes_the_two_shot_kernel_where_it_measured_faster():
   # the kernel's own choice (RmsNormProtocol::kAuto, ffi/kernels/all_reduce.h):
   # two-shot on sentinel in groups of 8 from 128 KiB of x per rank, and for
-  # calls of 64 KiB and more that no decode-shape cut serves; else one-shot
+  # calls of 64 KiB and more that no decode-shape cut serves; else one-shot,
+  # on sentinel in groups of 2 from the smallest call (kFusedSentinelAnySizeRanks,
+  # session 16) and in larger groups from 64 KiB, on LL16 below that
   from jaxll._ext import ext
   from jaxll import algorithms
   bf16, auto = algorithms.DTYPE_CODES["bfloat16"], algorithms.RMSNORM_PROTOCOL_CODES["auto"]
@@ -717,7 +719,9 @@ def test_fused_auto_takes_the_two_shot_kernel_where_it_measured_faster():
   assert plan(4, 8, 8192) == "oneshot_sentinel"       # (a group of 4: one-shot)
   assert plan(4, 16, 8192) == "oneshot_sentinel"      # (a group of 4: the decode-shape cut)
   assert plan(2, 64, 8192) == "twoshot_sentinel"      # beyond the decode-shape cuts
-  assert plan(2, 1, 8192) == "oneshot_ll"
+  assert plan(2, 1, 8192) == "oneshot_sentinel"      # a group of 2: sentinel from 1 row
+  assert plan(4, 1, 8192) == "oneshot_ll"             # 16 KiB in a group of 4: LL16
+  assert plan(8, 2, 8192) == "oneshot_ll"             # 32 KiB in a group of 8: LL16
   # and the call runs: a jitted auto call of 16 x 8192 on 8 ranks
   rng = np.random.default_rng(5)
   x = rng.standard_normal((8, 16, 8192)).astype(jnp.bfloat16)
