@@ -13,8 +13,9 @@ algorithm="fused_sentinel" (the kernel on the sentinel exchange) and
 "fused_twoshot_sentinel" (the two-shot kernel) must serve every case but the
 64 x 16384 one (beyond one round or one row-wave: refused with ValueError) with
 the same checks as "fused", and the LL16 kernel's new_residual bits; in groups
-of 8 (not yet run with processes when this was written) a named exchange's
-refusal of another case is listed under "refused" rather than failed.
+of 8 a named exchange's refusal of another case is listed under "refused"
+rather than failed (session 22, 8 processes: fused_sentinel and
+fused_twoshot_sentinel at 64 x 16384, fused_sentinel at 16 x 8192 float16).
 
   python rmsnorm_check.py [--runs 10]
 """
