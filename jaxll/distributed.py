@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import socket
 
+from jaxll import settings
 from jaxll._ext import ext
 
-SETUP_TIMEOUT_MS = int(os.environ.get("JAXLL_SETUP_TIMEOUT_MS", "300000"))
+SETUP_TIMEOUT_MS = settings.setup_timeout_ms()
 
 
 class DistributedSetupError(RuntimeError):

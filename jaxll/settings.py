@@ -1,6 +1,6 @@
 """jaxll's switches and auto-table settings, checked at import on every platform
 (the workspace sizes, JAXLL_SCRATCH_BYTES and JAXLL_TIMEOUT_MS, are read in
-workspace.py, also at import).
+workspace.py with env_int, also at import).
 
 Switches accept 1/true/yes/on and 0/false/no/off (any case), or empty for the
 default; anything else raises ValueError naming the variable, at import, so a
@@ -43,6 +43,26 @@ def env_bytes(name: str) -> int | None:
   return n
 
 
+def env_int(name: str, default: int, minimum: int) -> int:
+  """An integer of at least `minimum` (unset or empty: `default`)."""
+  value = os.environ.get(name)
+  if value is None or value.strip() == "":
+    return default
+  try:
+    n = int(value)
+  except ValueError:
+    raise ValueError(f"{name} must be an integer of at least {minimum}, got {value!r}") from None
+  if n < minimum:
+    raise ValueError(f"{name} must be an integer of at least {minimum}, got {value!r}")
+  return n
+
+
+def setup_timeout_ms() -> int:
+  """JAXLL_SETUP_TIMEOUT_MS: how long a workspace spanning processes waits for
+  slow peers at setup (default 300000)."""
+  return env_int("JAXLL_SETUP_TIMEOUT_MS", 300000, 1)
+
+
 def disabled() -> bool:
   """JAXLL_DISABLE: every call goes to XLA's all-reduce."""
   return env_flag("JAXLL_DISABLE")
@@ -64,6 +84,7 @@ def validate() -> None:
   for flag in ("JAXLL_DISABLE", "JAXLL_LOG_PATHS", "JAXLL_SKIP_VERSION_CHECK"):
     env_flag(flag)
   env_bytes("JAXLL_AUTO_MAX_BYTES")
+  setup_timeout_ms()
   for name in ("JAXLL_PDL", "JAXLL_SIGNATURES"):
     value = os.environ.get(name)
     if value not in (None, "", "0", "1"):

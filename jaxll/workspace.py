@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import os
 import threading
 from typing import Sequence
 
@@ -69,19 +68,9 @@ class WorkspaceConfig:
       raise ValueError(f"timeout_ms must be at least 1, got {self.timeout_ms}")
 
 
-def _env_int(name: str, default: int) -> int:
-  value = os.environ.get(name)
-  if value is None:
-    return default
-  try:
-    return int(value)
-  except ValueError:
-    raise ValueError(f"{name} must be an integer, got {value!r}") from None
-
-
-_config = WorkspaceConfig(
-    scratch_bytes=_env_int("JAXLL_SCRATCH_BYTES", DEFAULT_SCRATCH_BYTES),
-    timeout_ms=_env_int("JAXLL_TIMEOUT_MS", DEFAULT_TIMEOUT_MS))
+_config = WorkspaceConfig(  # (the same minimums as WorkspaceConfig's, naming the variable)
+    scratch_bytes=_settings.env_int("JAXLL_SCRATCH_BYTES", DEFAULT_SCRATCH_BYTES, 8),
+    timeout_ms=_settings.env_int("JAXLL_TIMEOUT_MS", DEFAULT_TIMEOUT_MS, 1))
 
 
 def get_config() -> WorkspaceConfig:

@@ -257,6 +257,11 @@ def test_no_errors_without_workspaces():
     ({"JAXLL_SMEM_CARVEOUT": "101"}, "JAXLL_SMEM_CARVEOUT must be an integer from -1 to 100"),
     ({"JAXLL_SMEM_CARVEOUT": " 5"}, "JAXLL_SMEM_CARVEOUT must be an integer from -1 to 100"),
     ({"JAXLL_ON_ERROR": "abort"}, "JAXLL_ON_ERROR must be 'poison' or 'trap'"),
+    ({"JAXLL_SETUP_TIMEOUT_MS": "5m"}, "JAXLL_SETUP_TIMEOUT_MS must be an integer of at least 1"),
+    ({"JAXLL_SETUP_TIMEOUT_MS": "0"}, "JAXLL_SETUP_TIMEOUT_MS must be an integer of at least 1"),
+    ({"JAXLL_SCRATCH_BYTES": "4"}, "JAXLL_SCRATCH_BYTES must be an integer of at least 8"),
+    ({"JAXLL_SCRATCH_BYTES": "1M"}, "JAXLL_SCRATCH_BYTES must be an integer of at least 8"),
+    ({"JAXLL_TIMEOUT_MS": "-5"}, "JAXLL_TIMEOUT_MS must be an integer of at least 1"),
 ])
 def test_bad_settings_fail_at_import_on_every_platform(env, pattern):
   import os
