@@ -14,6 +14,8 @@
 //   elements.cuh        element types, reduction operators, packet I/O
 //   protocol.h          the protocols (LL16, sentinel, plain)
 //   units.cuh           transfer units: load, store, poison, rank-order reduction
+//   round.cuh           rounds and call signatures: a call's start, round
+//                       boundaries, failure vote, the signature exchange
 //   channel.cuh         channels: send, broadcast, receive, receive-and-reduce,
 //                       release, over a round's scratch
 #pragma once
