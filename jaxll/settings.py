@@ -29,32 +29,30 @@ def env_flag(name: str, default: bool = False) -> bool:
   raise ValueError(f"{name} must be one of 1/true/yes/on or 0/false/no/off, got {value!r}")
 
 
-def env_bytes(name: str) -> int | None:
-  """A non-negative integer number of bytes (unset: None)."""
+def _env_integer(name: str, minimum: int, what: str) -> int | None:
+  """The integer `name` holds, at least `minimum` (unset or empty: None); else
+  ValueError saying it must be `what`."""
   value = os.environ.get(name)
   if value is None or value.strip() == "":
     return None
   try:
     n = int(value)
   except ValueError:
-    raise ValueError(f"{name} must be an integer number of bytes, got {value!r}") from None
-  if n < 0:
-    raise ValueError(f"{name} must not be negative, got {value!r}")
+    n = None
+  if n is None or n < minimum:
+    raise ValueError(f"{name} must be {what}, got {value!r}")
   return n
+
+
+def env_bytes(name: str) -> int | None:
+  """A non-negative integer number of bytes (unset: None)."""
+  return _env_integer(name, 0, "an integer number of bytes, not negative")
 
 
 def env_int(name: str, default: int, minimum: int) -> int:
   """An integer of at least `minimum` (unset or empty: `default`)."""
-  value = os.environ.get(name)
-  if value is None or value.strip() == "":
-    return default
-  try:
-    n = int(value)
-  except ValueError:
-    raise ValueError(f"{name} must be an integer of at least {minimum}, got {value!r}") from None
-  if n < minimum:
-    raise ValueError(f"{name} must be an integer of at least {minimum}, got {value!r}")
-  return n
+  n = _env_integer(name, minimum, f"an integer of at least {minimum}")
+  return default if n is None else n
 
 
 def setup_timeout_ms() -> int:
