@@ -198,6 +198,31 @@ def test_errors(mesh1):
         _put(mesh1, np.ones((8 * 8, 5), np.float32), P("tp")))
 
 
+def test_disable_sends_even_a_named_kernel_to_xla(mesh1, monkeypatch, caplog):
+  # JAXLL_DISABLE is the switch for every call, as for all_reduce: a named
+  # kernel goes to XLA's collective with a warning naming the call site
+  x = _put(mesh1, np.arange(8 * 8 * 3, dtype=np.float32).reshape(8 * 8, 3), P("tp"))
+
+  def make():  # (a new function each time: a jit cache hit would not lower again)
+    return lambda v: jax.shard_map(
+        lambda a: jaxll.psum_scatter(jaxll.all_gather(a, "tp", tiled=True, algorithm="oneshot_ll"),
+                                     "tp", tiled=True, algorithm="oneshot_sentinel"),
+        mesh=mesh1, in_specs=P("tp"), out_specs=P("tp"))(v)
+
+  step = make()
+  monkeypatch.setenv("JAXLL_DISABLE", "1")
+  with caplog.at_level("WARNING", logger="jaxll"):
+    sites = {s.op: s for s in jaxll.explain(step, x)}
+  assert set(sites) == {"all_gather", "psum_scatter"}, sites
+  for s in sites.values():
+    assert s.algorithm == "xla" and "JAXLL_DISABLE" in s.reason and "ignored" in s.reason, s
+  assert caplog.text.count("JAXLL_DISABLE") == 2, caplog.text
+  np.testing.assert_array_equal(np.asarray(jax.jit(step)(x)), 8 * np.asarray(x))
+  monkeypatch.setenv("JAXLL_DISABLE", "0")  # (off: the named kernel is an error on CPU again)
+  with pytest.raises(jaxll.AlgorithmUnavailableError, match="run on CUDA GPUs"):
+    jax.jit(make()).lower(x)
+
+
 def test_explain_reports_the_xla_path(mesh1):
   x = _put(mesh1, np.ones((8 * 8, 2), np.float32), P("tp"))
 
