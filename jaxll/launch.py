@@ -2,15 +2,18 @@
 launcher for multi-process jaxll, usable for any multi-process JAX check.
 
   from jaxll import launch
-  results = launch.run("check.py", 4, args=["--size", "4096"], timeout=300)
+  workers = launch.run("check.py", 4, args=["--size", "4096"], timeout=300)
+  results = [w.result for w in workers]
 
 Each worker runs ``python check.py ...`` with the coordinator address, process
 count and its process id in its environment; the script calls
 :func:`init_worker` (which calls ``jax.distributed.initialize``) and reports a
-JSON-serialisable result with :func:`report`. :func:`run` returns the results in
-process order, or raises :class:`LaunchError` with every worker's output when a
-worker fails, reports nothing, or the run passes `timeout` (then every worker is
-killed: a hang fails the caller instead of blocking it).
+JSON-serialisable result with :func:`report`. :func:`run` returns a
+:class:`Worker` per process, in process order (its ``result``, ``output``,
+``returncode``), or raises :class:`LaunchError` (a digest of every worker's output
+in its message, the workers in its ``workers``) when a worker fails, reports
+nothing, or the run passes `timeout` (then every worker is killed: a hang fails
+the caller instead of blocking it).
 
 With ``mps="auto"`` (default) it starts a private CUDA MPS control daemon when
 ``nvidia-cuda-mps-control`` and a GPU are present, so the workers' kernels run
@@ -47,7 +50,14 @@ MPS_MAX_CONNECTIONS = 4
 
 
 class LaunchError(RuntimeError):
-  """A launched worker failed, reported nothing, or the run timed out."""
+  """A launched worker failed, reported nothing, or the run timed out. The
+  message holds a digest of every worker's output (its progress marks and
+  errors, then its last 40 lines); `workers` holds each :class:`Worker`, whole
+  output included (empty when no worker started)."""
+
+  def __init__(self, message: str, workers: list | None = None):
+    super().__init__(message)
+    self.workers = list(workers or [])
 
 
 @dataclasses.dataclass
@@ -153,7 +163,8 @@ def run(script: str, n: int, *, args=(), timeout: float = 300, mps="auto",
   """Runs `script` in `n` processes joined by jax.distributed (a local
   coordinator); returns one :class:`Worker` per process, in process order, each
   with the result its script passed to :func:`report`. Raises LaunchError on a
-  failed worker, a missing result or a timeout, with every worker's output.
+  failed worker, a missing result or a timeout, with a digest of every worker's
+  output in its message and the workers (whole outputs) in its ``workers``.
 
   `devices[i]`, if given, becomes process i's CUDA_VISIBLE_DEVICES (one process
   per GPU); by default every process sees every GPU of the host."""
@@ -223,7 +234,7 @@ def run(script: str, n: int, *, args=(), timeout: float = 300, mps="auto",
                 f"where env does not set it); a server of another MPS daemon still "
                 f"running does this too. mps=False runs without MPS.\n")
       raise LaunchError("; ".join(problems) + f" ({'MPS' if serving else 'no MPS'})\n" + hint
-                        + tails)
+                        + tails, workers)
     return workers
   finally:
     _kill(procs)  # also when the caller is interrupted: no worker outlives the run

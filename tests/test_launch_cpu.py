@@ -27,6 +27,10 @@ def test_failed_worker_is_reported_with_output():
   with pytest.raises(launch.LaunchError, match="process 1 exited with 3") as e:
     launch.run(WORKER, 2, args=["fail"], timeout=120, mps=False, env=ENV)
   assert "[jaxll.launch process 1] joined" in str(e.value)  # progress marks are shown
+  # and the whole outputs stay on the exception
+  assert [w.process_id for w in e.value.workers] == [0, 1]
+  assert e.value.workers[1].returncode == 3  # (process 0: killed once process 1 failed)
+  assert "[jaxll.launch process 1] joined" in e.value.workers[1].output
 
 
 @pytest.mark.parametrize("processes,devices", [(1, 8), (2, 4)])
