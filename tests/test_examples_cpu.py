@@ -1,7 +1,8 @@
 """The workload examples (examples/tp_decode.py, examples/cg_solver.py) run as
 a user runs them, on 8 CPU devices and in 2 jax.distributed processes: psum
 and jaxll give the same tokens and the same residual history (both lower to
-XLA's all-reduce on CPU), and the reports say what ran where."""
+XLA's all-reduce on CPU), and the reports say what ran where; the quickstart
+runs and passes its own checks."""
 
 import json
 import os
@@ -76,3 +77,11 @@ def test_tp_decode_rejects_a_rank_count_that_does_not_divide_the_heads(tmp_path)
                      env=dict(os.environ, JAX_PLATFORMS="cpu",
                               XLA_FLAGS="--xla_force_host_platform_device_count=3"))
   assert r.returncode != 0 and "must divide heads" in r.stderr + r.stdout
+
+
+def test_quickstart_runs_and_checks_on_cpu(tmp_path):
+  r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "quickstart.py")],
+                     capture_output=True, text=True, cwd=str(tmp_path), timeout=600,
+                     env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+  assert "on 8 virtual CPU devices" in r.stdout and "max vs pmax equal: True" in r.stdout, r.stdout
