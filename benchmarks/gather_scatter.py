@@ -6,7 +6,7 @@ for pieces of up to 4 KiB per rank).
 For each (N, bytes per rank piece, collective) the three algorithms are
 measured in --passes interleaved passes of --reps graph replays (--iters calls
 each); the median of all samples is kept, the graph of empty kernels measured
-the same way is the floor. The speed of light (DESIGN.md 1: 2 L2 round trips +
+the same way is the floor. The speed of light (on one GPU: 2 L2 round trips +
 one remote store; jaxll.bench.probe_sol) is probed in the same run and printed
 next to the LL16 kernel's time above the floor.
 

@@ -229,7 +229,7 @@ def steady_method(args) -> str:
 
 
 def probe_sol(ordinal: int, reps: int) -> dict:
-  """The speed-of-light bound on one GPU (DESIGN.md 1): 2 L2 round trips (one
+  """The speed-of-light bound on one GPU: 2 L2 round trips (one
   ``__threadfence()`` each) + one remote store, the store from a flag ping-pong
   between two blocks on two streams; medians of ``reps`` probes."""
   from jaxll._ext import ext
