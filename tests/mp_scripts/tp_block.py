@@ -43,10 +43,14 @@ want = {"forward": tm.ref_forward(w_in, w_out, x), "grad": tm.ref_grad(w_in, w_o
 report = {"pid": pid, "devices": [d.id for d in jax.local_devices()], "errors": [],
           "paths": {}, "max_error": {}}
 def max_error(got, ref):
-  """Largest |got - ref| / (1 + |ref|) over this process's shards."""
+  """Largest |got - ref| / (1 + |ref|) over this process's shards; inf where a
+  value is not finite (NaN: what a rank that gave up writes)."""
   worst = 0.0
   for shard in got.addressable_shards:
-    diff = np.abs(np.asarray(shard.data, np.float64) - ref[shard.index])
+    data = np.asarray(shard.data, np.float64)
+    if not np.isfinite(data).all():
+      return float("inf")
+    diff = np.abs(data - ref[shard.index])
     worst = max(worst, float((diff / (1 + np.abs(ref[shard.index]))).max()))
   return worst
 
@@ -68,7 +72,11 @@ for variant in ("helpers", "route"):
       out = compiled(*args)
     errs = [max_error(g, r) for g, r in zip(jax.tree.leaves(out), jax.tree.leaves(want[name]))]
     report["max_error"][key] = max(errs)
-    if max(errs) > 1e-4:
+    if not max(errs) <= 1e-4:
       report["errors"].append(f"{key}: error {max(errs):.2e} against the float64 reference")
 
+try:
+  jaxll.check_errors()
+except Exception as e:  # (reported, so the test names it, rather than a bare exit)
+  report["errors"].append(f"check_errors: {type(e).__name__}: {e}")
 launch.report(report)
