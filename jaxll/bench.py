@@ -61,7 +61,7 @@ def parse_size(text: str) -> int:
   while i and not t[i - 1].isdigit():
     i -= 1
   number, suffix = t[:i], t[i:]
-  if not number or suffix not in _SUFFIX:
+  if not number.isdigit() or suffix not in _SUFFIX:
     raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 8, 4K, 1M)")
   value = int(number) * _SUFFIX[suffix]
   if value <= 0:

@@ -1,5 +1,6 @@
 """CPU tier: the benchmark CLI's argument handling and output format (no GPU)."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -15,9 +16,9 @@ def test_parse_size(text, value):
   assert bench.parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "K", "4Q", "-8", "0", "1.5K"])
+@pytest.mark.parametrize("text", ["", "K", "4Q", "-8", "0", "1.5K", "0x10", "1_000"])
 def test_parse_size_rejects(text):
-  with pytest.raises(Exception):
+  with pytest.raises(argparse.ArgumentTypeError):  # (what argparse reports as a usage error)
     bench.parse_size(text)
 
 

@@ -327,8 +327,15 @@ def test_readme_python_blocks_run_as_written():
 
 
 def test_kernels_available_says_how_jaxll_was_built():
-  assert jaxll.kernels_available() == (ext is not None)
-  if ext is None:  # installed without nvcc: every call is XLA's, and explain says so on CPU
+  # against what the installed package holds: a compiled extension beside it
+  # (built with nvcc) whose handler table has the all-reduce's XLA FFI target
+  import os
+  here = os.path.dirname(jaxll.__file__)
+  compiled = [f for f in os.listdir(here) if f.startswith("_jaxll") and f.endswith(".so")]
+  assert jaxll.kernels_available() == bool(compiled), compiled
+  if compiled:
+    assert _ext.NO_KERNELS_REASON is None and "jaxll_all_reduce" in ext.handlers()
+  else:  # installed without nvcc: every call is XLA's, and explain says so on CPU
     assert "without its CUDA kernels" in _ext.NO_KERNELS_REASON
 
 
