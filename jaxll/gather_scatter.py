@@ -46,7 +46,7 @@ from jax._src import dispatch
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.lax import parallel
 
-from jaxll import algorithms, call_sites, lowering, settings
+from jaxll import algorithms, call_sites, lowering
 from jaxll.all_reduce import _check_axes_bound, _normalize_axes, dtypes_extended
 from jaxll.lowering import AlgorithmUnavailableError
 
@@ -356,12 +356,10 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, s
   XLA's collective."""
   if algorithm == "xla":
     return 0, "xla", "algorithm='xla' requested"
-  if algorithm != "auto" and settings.disabled():
-    # (the switch sends every call to XLA, a named kernel too, as for all_reduce)
-    reason = f"JAXLL_DISABLE is set (algorithm={algorithm!r} ignored)"
-    call_sites.logger.warning("jaxll: %s at %s: XLA's %s serves it", reason,
-                              lowering._site(ctx), op)
-    return 0, "xla", reason
+  if algorithm != "auto":  # (auto: workspace_for below says why, as before)
+    reason = lowering.disabled_reason(ctx, algorithm, op)
+    if reason:
+      return 0, "xla", reason
   aval = ctx.avals_in[0]
   problem = ""
   dtypes = _SENTINEL_DTYPES if algorithm == "oneshot_sentinel" else _KERNEL_DTYPES

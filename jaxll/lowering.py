@@ -148,6 +148,20 @@ def _peers_reachable(groups: list[list]) -> str | None:
   return None
 
 
+def disabled_reason(ctx, requested: str, collective: str) -> str:
+  """Why JAXLL_DISABLE sends this call to XLA's `collective` ("" where it is
+  not set): the switch covers every call, a named kernel too, with a warning
+  naming the call site."""
+  if not settings.disabled():
+    return ""
+  reason = "JAXLL_DISABLE is set"
+  if requested not in (algorithms.AUTO, algorithms.XLA):
+    reason += f" (algorithm={requested!r} ignored)"
+    call_sites.logger.warning("jaxll: %s at %s: XLA's %s serves it", reason, _site(ctx),
+                              collective)
+  return reason
+
+
 def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
   """Chooses the path of one call site; raises AlgorithmUnavailableError when a
   forced kernel cannot serve it."""
@@ -164,12 +178,8 @@ def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
   n = len(groups[0]) if groups else 0
   if requested == algorithms.XLA:
     return Decision(algorithms.XLA, "algorithm='xla' requested", 0, n)
-  if settings.disabled():
-    reason = "JAXLL_DISABLE is set"
-    if requested != algorithms.AUTO:
-      reason += f" (algorithm={requested!r} ignored)"
-      call_sites.logger.warning("jaxll: %s at %s: XLA's all-reduce serves it", reason,
-                                _site(ctx))
+  reason = disabled_reason(ctx, requested, "all-reduce")
+  if reason:
     return Decision(algorithms.XLA, reason, 0, n)
   platforms = _platforms(ctx)
   if platforms != ("cuda",):
