@@ -18,9 +18,10 @@ the only channel. The steps, every process in the same order:
    (sentinel scratch poisoned); the memory is ready before any peer can learn
    its address;
 4. connect: export, publish and open the IPC handles.
-After steps 3 and 4 every process publishes whether it succeeded, and all of
-them give up together if one failed, so every process makes the same lowering
-decision (XLA's all-reduce then serves the call).
+After steps 1, 3 and 4 every process publishes whether it succeeded, and all
+of them give up together if one failed, so every process makes the same
+lowering decision (XLA's all-reduce then serves the call). A process that waits
+longer than JAXLL_SETUP_TIMEOUT_MS for another gives up the same way.
 
 Every process must lower the same programs in the same order (as SPMD JAX
 programs do): the keys are numbered per workspace key and process.
@@ -40,7 +41,8 @@ SETUP_TIMEOUT_MS = settings.setup_timeout_ms()
 
 class DistributedSetupError(RuntimeError):
   """A workspace spanning processes could not be built; the reason is the same
-  in every process."""
+  in every process, except where a process gave up waiting for another (then
+  each names what it waited for)."""
 
 
 _generation: dict[str, int] = {}
@@ -103,15 +105,34 @@ def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
                    for g in groups)
   local = [d for g in groups for d in g if d.process_index == me]
 
-  # 1. facts
+  def get(key: str, raw: bool = False):
+    # A process that never publishes `key` (it died, or lowers other programs
+    # or in another order) ends the wait after `timeout` ms.
+    try:
+      if raw:
+        return client.blocking_key_value_get_bytes(key, timeout)
+      return client.blocking_key_value_get(key, timeout)
+    except Exception as e:  # the store's deadline or a lost coordinator
+      raise DistributedSetupError(
+          f"no answer from a process for {key} within {timeout} ms (every process must "
+          f"lower the same programs in the same order; JAXLL_SETUP_TIMEOUT_MS sets the "
+          f"wait): {e}") from None
+
+  # 1. facts (a process that cannot read a GPU's publishes why, so that its
+  # peers stop at once instead of waiting out the timeout)
   host = socket.gethostname()
   for d in local:
     o = d.local_hardware_id
-    client.key_value_set(f"{prefix}/info/{d.id}", json.dumps(
-        {"host": host, "uuid": ext.device_uuid(o), "bound": ext.device_block_bound(o),
-         "sms": ext.device_sm_count(o)}))
-  facts = {d.id: json.loads(client.blocking_key_value_get(f"{prefix}/info/{d.id}", timeout))
-           for g in groups for d in g}
+    try:
+      info = {"host": host, "uuid": ext.device_uuid(o), "bound": ext.device_block_bound(o),
+              "sms": ext.device_sm_count(o)}
+    except Exception as e:  # reported to every process
+      info = {"error": f"process {me}, GPU {o}: {e}"}
+    client.key_value_set(f"{prefix}/info/{d.id}", json.dumps(info))
+  facts = {d.id: json.loads(get(f"{prefix}/info/{d.id}")) for g in groups for d in g}
+  failed = sorted({f["error"] for f in facts.values() if "error" in f})
+  if failed:
+    raise DistributedSetupError("reading the GPUs failed: " + "; ".join(failed))
 
   # 2. agreement (every process computes the same from the same facts)
   for g in groups:
@@ -130,8 +151,7 @@ def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
 
   def agree(step: str, status: str) -> None:
     client.key_value_set(f"{prefix}/{step}/{me}", status)
-    failures = [s for s in (client.blocking_key_value_get(f"{prefix}/{step}/{p}", timeout)
-                            for p in processes) if s != "ok"]
+    failures = [s for s in (get(f"{prefix}/{step}/{p}") for p in processes) if s != "ok"]
     if failures:
       raise DistributedSetupError(f"{step} failed: " + "; ".join(failures))
 
@@ -155,11 +175,13 @@ def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
     for d, handle in zip(local, exported):
       client.key_value_set_bytes(f"{prefix}/ipc/{d.id}", handle)
     try:
-      handles = [[b"" if d.process_index == me else
-                  client.blocking_key_value_get_bytes(f"{prefix}/ipc/{d.id}", timeout)
+      handles = [[b"" if d.process_index == me else get(f"{prefix}/ipc/{d.id}", raw=True)
                   for d in g] for g in groups]
       if status == "ok":
         ext.workspace_connect(ws_id, handles)
+    except DistributedSetupError as e:  # (a peer's handle never came: tell the others, stop)
+      client.key_value_set(f"{prefix}/connect/{me}", f"process {me}: {e}")
+      raise
     except Exception as e:  # reported to every process
       status = f"process {me}: {e}"
     agree("connect", status)

@@ -108,6 +108,10 @@ class Workspace:
 
 _lock = threading.Lock()
 _registry: dict[tuple, Workspace] = {}
+# Why a workspace spanning processes could not be built, by its key: every
+# process failed alike, so every process answers later calls from here alike
+# instead of repeating the setup (and its waits).
+_failed: dict[tuple, str] = {}
 
 
 def get_workspace(ordinals: Sequence[Sequence[int]], device_ids: Sequence[Sequence[int]],
@@ -143,7 +147,8 @@ def get_distributed_workspace(groups, *, config: WorkspaceConfig | None = None) 
   processes (see jaxll/distributed.py), building it on first use. Every process
   must ask for it at the same point of the same program. Raises
   ``jaxll.distributed.DistributedSetupError`` (the same in every process) when
-  it cannot be built."""
+  it cannot be built, and again without a new attempt when asked for the same
+  workspace later (until :func:`free_workspaces`)."""
   import jax
   from jaxll import distributed
   config = config or _config
@@ -154,7 +159,13 @@ def get_distributed_workspace(groups, *, config: WorkspaceConfig | None = None) 
   with _lock:
     ws = _registry.get(key)
     if ws is None:
-      ws_id, ordinals = distributed.build(groups, me, config)
+      if key in _failed:
+        raise distributed.DistributedSetupError(_failed[key])
+      try:
+        ws_id, ordinals = distributed.build(groups, me, config)
+      except distributed.DistributedSetupError as e:
+        _failed[key] = str(e)
+        raise
       ws = _describe(ws_id, False, device_ids, ordinals, config, distributed=True)
       _registry[key] = ws
     return ws
@@ -176,12 +187,16 @@ def free_workspaces() -> None:
   FAILED_PRECONDITION ("workspace N was freed"), and a kernel XLA replays from
   a recorded command buffer finds its header marked freed (headers, 4 KiB per
   rank, are never freed), poisons its output and touches no freed memory.
-  Call it only when no jaxll computation is in flight. To recover from an
-  error without recompiling, use :func:`reset`.
+  Call it only when no jaxll computation is in flight. With workspaces that
+  span processes, call it in every process at the same point of the program
+  (as :func:`reset`): their next setups pair up by count. It also forgets the
+  setups that failed, so that they are tried again. To recover from an error
+  without recompiling, use :func:`reset`.
   """
   import jax
   with _lock:
     _registry.clear()
+    _failed.clear()
     if ext is not None:
       ext.free_all()
   jax.clear_caches()

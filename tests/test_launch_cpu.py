@@ -2,6 +2,7 @@
 workspaces that span processes."""
 
 import os
+import time
 
 import pytest
 
@@ -134,10 +135,11 @@ class _Store:
   blocking_key_value_get_bytes = blocking_key_value_get
 
 
-def _run_processes(monkeypatch, hosts, fail=None):
+def _run_processes(monkeypatch, hosts, fail=None, absent=(), timeout_ms=5000):
   """Runs distributed.build for a group of one GPU per process (len(hosts)
   processes, process p on host hosts[p]) in threads; `fail` = (step, process)
-  makes that process's create_workspace ("build") or workspace_connect ("connect") raise.
+  makes that process's device_uuid ("facts"), create_workspace ("build") or
+  workspace_connect ("connect") raise; the processes in `absent` never start.
   Returns per process: the result or the exception, and the workspaces it freed."""
   store, local = _Store(), threading.local()
 
@@ -166,16 +168,26 @@ def _run_processes(monkeypatch, hosts, fail=None):
     if fail == ("connect", local.pid):
       raise RuntimeError("cudaIpcOpenMemHandle failed")
 
+  def device_uuid(o):
+    if fail == ("facts", local.pid):
+      raise RuntimeError("CUDA driver version is insufficient")
+    return f"gpu-of-{hosts[local.pid]}"
+
+  def workspace_ipc_handles(comm):
+    if fail == ("vanish", local.pid):  # (the process dies before it publishes its handles)
+      raise SystemExit
+    return [b"ipc%d" % local.pid]
+
   fake = types.SimpleNamespace(
-      device_uuid=lambda o: f"gpu-of-{hosts[local.pid]}",
+      device_uuid=device_uuid,
       device_block_bound=lambda o: 264, device_sm_count=lambda o: 132, create_workspace=create_workspace,
-      workspace_ipc_handles=lambda comm: [b"ipc%d" % local.pid], workspace_connect=workspace_connect,
+      workspace_ipc_handles=workspace_ipc_handles, workspace_connect=workspace_connect,
       free_workspace=lambda comm: freed[local.pid].append(comm))
   monkeypatch.setattr(distributed, "ext", fake)
   devs = [types.SimpleNamespace(id=p, process_index=p, local_hardware_id=0)
           for p in range(len(hosts))]
   config = types.SimpleNamespace(scratch_bytes=1 << 20, timeout_ms=1000)
-  monkeypatch.setattr(distributed, "SETUP_TIMEOUT_MS", 5000)
+  monkeypatch.setattr(distributed, "SETUP_TIMEOUT_MS", timeout_ms)
   out = {}
 
   def one(p):
@@ -184,11 +196,14 @@ def _run_processes(monkeypatch, hosts, fail=None):
       out[p] = distributed.build([devs], p, config)
     except Exception as e:  # noqa: BLE001 (the test inspects it)
       out[p] = e
-  threads = [threading.Thread(target=one, args=(p,)) for p in range(len(hosts))]
+    except SystemExit:  # (a process that vanishes reports nothing)
+      pass
+  threads = [threading.Thread(target=one, args=(p,)) for p in range(len(hosts)) if p not in absent]
   for t in threads:
     t.start()
   for t in threads:
     t.join(30)
+  _run_processes.store = store
   return out, freed, calls
 
 
@@ -218,6 +233,61 @@ def test_one_failure_fails_every_process_alike(monkeypatch, step):
   assert f"{step} failed: process 1: " in reasons.pop()
   # every comm that was created is freed again
   assert freed == {0: [100], 1: [] if step == "build" else [101]}
+
+
+def test_a_process_that_cannot_read_its_gpu_stops_every_process_at_once(monkeypatch):
+  # (not after the setup timeout: the failing process publishes why)
+  t0 = time.monotonic()
+  out, freed, calls = _run_processes(monkeypatch, ["h", "h", "h"], fail=("facts", 2),
+                                     timeout_ms=60_000)
+  assert time.monotonic() - t0 < 20
+  reasons = {str(out[p]) for p in range(3)}
+  assert len(reasons) == 1 and all(isinstance(out[p], distributed.DistributedSetupError)
+                                   for p in range(3))
+  assert "reading the GPUs failed: process 2, GPU 0: CUDA driver version" in reasons.pop()
+  assert calls == {}  # nothing was allocated
+
+
+@pytest.mark.parametrize("absent", [1, 0])
+def test_a_process_that_never_comes_is_a_setup_error_after_the_timeout(monkeypatch, absent):
+  out, freed, calls = _run_processes(monkeypatch, ["h", "h"], absent=(absent,), timeout_ms=300)
+  present = 1 - absent
+  assert isinstance(out[present], distributed.DistributedSetupError), out[present]
+  assert "no answer from a process for jaxll/ws/" in str(out[present])
+  assert "within 300 ms" in str(out[present]) and "JAXLL_SETUP_TIMEOUT_MS" in str(out[present])
+  assert absent not in out and calls == {}
+
+
+def test_a_process_that_dies_while_connecting_is_a_setup_error_and_frees(monkeypatch):
+  out, freed, calls = _run_processes(monkeypatch, ["h", "h"], fail=("vanish", 1), timeout_ms=300)
+  assert 1 not in out  # (its thread ended)
+  assert isinstance(out[0], distributed.DistributedSetupError), out[0]
+  assert "/ipc/1 within 300 ms" in str(out[0])
+  assert freed == {0: [100], 1: [101]}
+  # the survivor told the others why it stopped
+  status = [v for k, v in _run_processes.store.data.items() if k.endswith("/connect/0")]
+  assert len(status) == 1 and status[0].startswith("process 0: no answer"), status
+
+
+def test_a_failed_setup_is_not_repeated_until_the_workspaces_are_freed(monkeypatch):
+  from jaxll import workspace
+  attempts = []
+
+  def build(groups, me, config):
+    attempts.append(me)
+    raise distributed.DistributedSetupError("connect failed: process 1: no peer access")
+  monkeypatch.setattr(distributed, "build", build)
+  groups = [[types.SimpleNamespace(id=0, process_index=0), types.SimpleNamespace(id=1, process_index=1)]]
+  for _ in range(3):
+    with pytest.raises(distributed.DistributedSetupError,
+                       match="connect failed: process 1: no peer access"):
+      workspace.get_distributed_workspace(groups)
+  assert attempts == [0]
+  workspace.free_workspaces()
+  with pytest.raises(distributed.DistributedSetupError):
+    workspace.get_distributed_workspace(groups)
+  assert attempts == [0, 0]
+  workspace.free_workspaces()
 
 
 def test_a_process_without_a_gpu_under_mps_gets_a_hint(tmp_path):
