@@ -228,8 +228,14 @@ def _workspace_for_groups(groups) -> tuple[int, str]:
     problem = _peers_reachable(groups)
     if problem:
       return 0, problem
-    ws = workspace.get_workspace([[d.local_hardware_id for d in g] for g in groups],
-                                 [[d.id for d in g] for g in groups])
+    try:
+      ws = workspace.get_workspace([[d.local_hardware_id for d in g] for g in groups],
+                                   [[d.id for d in g] for g in groups])
+    except RuntimeError as e:  # (CUDA refused: memory, peer access; tried again next lowering)
+      gpus = sorted({d.local_hardware_id for g in groups for d in g})
+      problem = f"the workspace for GPUs {gpus} could not be built: {e}"
+      call_sites.logger.warning("jaxll: %s; XLA serves these calls", problem)
+      return 0, problem
   return ws.id, ""
 
 

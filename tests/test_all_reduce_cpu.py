@@ -534,6 +534,32 @@ def test_disable_sends_even_a_forced_kernel_to_xla(mesh1, monkeypatch, caplog):
                             mesh=mesh1, in_specs=P("tp"), out_specs=P())).lower(x)
 
 
+def test_a_workspace_cuda_refuses_is_a_reason_not_a_crash(monkeypatch, caplog):
+  # (one process, several GPUs: cudaMalloc or peer access failing while the
+  # workspace is built sends the call to XLA, a named kernel raises with why)
+  from jaxll import workspace
+  gpus = [[types.SimpleNamespace(id=i, platform="gpu", process_index=0, local_hardware_id=i)
+           for i in range(2)]]
+  monkeypatch.setattr(lowering, "ext", types.SimpleNamespace(max_ranks=16))
+  monkeypatch.setattr(lowering, "_peers_reachable", lambda groups: None)
+
+  def refuse(ordinals, device_ids, **kw):
+    raise RuntimeError("allocating the workspace: out of memory")
+  monkeypatch.setattr(workspace, "get_workspace", refuse)
+  with caplog.at_level("WARNING", logger="jaxll"):
+    ws_id, problem = lowering._workspace_for_groups(gpus)
+  assert ws_id == 0
+  assert problem == ("the workspace for GPUs [0, 1] could not be built: allocating the "
+                     "workspace: out of memory")
+  assert problem in caplog.text
+  # a ValueError (a bad setting) is the user's to see, not a fallback
+  def bad_setting(ordinals, device_ids, **kw):
+    raise ValueError("JAXLL_ON_ERROR must be 'poison' or 'trap'")
+  monkeypatch.setattr(workspace, "get_workspace", bad_setting)
+  with pytest.raises(ValueError, match="JAXLL_ON_ERROR"):
+    lowering._workspace_for_groups(gpus)
+
+
 def test_explain_knows_the_group_size_on_cpu(mesh2):
   f = jax.jit(jax.shard_map(lambda v: (jaxll.all_reduce(v, "tp"), jaxll.all_reduce(v, "dp"),
                                        jaxll.all_reduce(v, ("dp", "tp"))),
