@@ -15,11 +15,16 @@ in its message, the workers in its ``workers``) when a worker fails, reports
 nothing, or the run passes `timeout` (then every worker is killed: a hang fails
 the caller instead of blocking it).
 
+Process i gets GPU ``i % G`` of the G the host has (the entries of the caller's
+``CUDA_VISIBLE_DEVICES`` where set, else ``nvidia-smi -L``'s) as its
+``CUDA_VISIBLE_DEVICES``, unless `devices` says otherwise: a GPU a process of its
+own where there are enough, processes sharing them where there are not.
+
 With ``mps="auto"`` (default) it starts a private CUDA MPS control daemon when
-``nvidia-cuda-mps-control`` and a GPU are present, so the workers' kernels run
-concurrently on a shared GPU (jaxll's kernels spin waiting for each other; without
-MPS processes time-slice the GPU and each call waits for a slice switch), and
-stops it afterwards. ``mps=False`` never starts one; ``mps=True`` requires it;
+processes share a GPU and ``nvidia-cuda-mps-control`` is present, so the workers'
+kernels run concurrently on the shared GPU (jaxll's kernels spin waiting for each
+other; without MPS processes time-slice the GPU and each call waits for a slice
+switch), and stops it afterwards. ``mps=False`` never starts one; ``mps=True`` requires it;
 ``mps=MpsDaemon()`` uses one the caller started (and stops) for several runs.
 Workers an MPS daemon serves get ``CUDA_DEVICE_MAX_CONNECTIONS=4`` unless `env`
 sets it: MPS clients share one pool of hardware work queues, and 8 clients asking
@@ -142,6 +147,43 @@ def _have_gpu() -> bool:
     return False
 
 
+def _host_gpus() -> list[str]:
+  """The GPUs run() hands out: the entries of CUDA_VISIBLE_DEVICES where it is
+  set (up to the first that hides the rest, as CUDA reads it), else the indices
+  nvidia-smi lists; none without a GPU."""
+  visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+  if visible is not None:
+    gpus = []
+    for entry in (e.strip() for e in visible.split(",")):
+      if not entry or entry.startswith("-"):
+        break
+      gpus.append(entry)
+    return gpus
+  if shutil.which("nvidia-smi") is None:
+    return []
+  try:
+    r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+  except (OSError, subprocess.SubprocessError):
+    return []
+  if r.returncode != 0:
+    return []
+  return [str(i) for i in range(sum(1 for l in r.stdout.splitlines() if l.startswith("GPU ")))]
+
+
+def _shares_gpu(devices: list[str] | None) -> bool:
+  """Whether processes given these CUDA_VISIBLE_DEVICES share a GPU (None: every
+  process sees every GPU)."""
+  if devices is None:
+    return True
+  seen: set[str] = set()
+  for d in devices:
+    mine = {e.strip() for e in str(d).split(",") if e.strip()}
+    if mine & seen:
+      return True
+    seen |= mine
+  return False
+
+
 def _start_mps(mps):
   if mps is False or isinstance(mps, MpsDaemon):
     return None
@@ -166,13 +208,18 @@ def run(script: str, n: int, *, args=(), timeout: float = 300, mps="auto",
   failed worker, a missing result or a timeout, with a digest of every worker's
   output in its message and the workers (whole outputs) in its ``workers``.
 
-  `devices[i]`, if given, becomes process i's CUDA_VISIBLE_DEVICES (one process
-  per GPU); by default every process sees every GPU of the host."""
+  `devices[i]`, if given, becomes process i's CUDA_VISIBLE_DEVICES (``"0"`` for
+  every process: all share GPU 0); by default process i gets the host's GPU
+  ``i % G`` (see the module's docstring), and where there is no GPU nothing is
+  set. ``mps="auto"`` starts MPS only where processes share a GPU."""
   if n < 1:
     raise ValueError(f"n must be at least 1, got {n}")
   if devices is not None and len(devices) != n:
     raise ValueError(f"devices must have one entry per process ({n}), got {len(devices)}")
-  daemon = _start_mps(mps)
+  if devices is None:
+    gpus = _host_gpus()
+    devices = [gpus[i % len(gpus)] for i in range(n)] if gpus else None
+  daemon = _start_mps(mps) if mps != "auto" or _shares_gpu(devices) else None
   shared = mps if isinstance(mps, MpsDaemon) else None
   serving = daemon or shared
   coord = f"127.0.0.1:{_free_port()}"
@@ -282,5 +329,5 @@ def progress(message: str) -> None:
 
 
 def mps_available() -> bool:
-  """Whether run(mps="auto") would start MPS here."""
+  """Whether run(mps="auto") can start MPS here (it does for processes that share a GPU)."""
   return shutil.which("nvidia-cuda-mps-control") is not None and _have_gpu()

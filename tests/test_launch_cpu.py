@@ -60,6 +60,38 @@ def test_mps_required_but_missing(monkeypatch):
     launch.run(WORKER, 1, mps=True, env=ENV)
 
 
+def test_processes_get_the_hosts_gpus_in_turn(tmp_path, monkeypatch):
+  # One GPU a process where the host has enough, shared in turn where it has
+  # not; MPS (under "auto") only for processes that share a GPU.
+  script = tmp_path / "gpu.py"
+  script.write_text("import os\nfrom jaxll import launch\n"
+                    "launch.report(os.environ.get('CUDA_VISIBLE_DEVICES'))\n")
+  started = []
+  monkeypatch.setattr(launch, "_start_mps", lambda mps: started.append(mps))
+  monkeypatch.setattr(launch, "_host_gpus", lambda: ["0", "1"])
+  w = launch.run(str(script), 2, timeout=60, env=ENV)
+  assert [x.result for x in w] == ["0", "1"] and started == []
+  w = launch.run(str(script), 3, timeout=60, env=ENV)
+  assert [x.result for x in w] == ["0", "1", "0"] and started == ["auto"]
+  w = launch.run(str(script), 2, timeout=60, env=ENV, devices=["1", "1"])  # the caller's choice
+  assert [x.result for x in w] == ["1", "1"] and started == ["auto", "auto"]
+  monkeypatch.setattr(launch, "_host_gpus", lambda: [])  # no GPU: nothing set, as before
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+  w = launch.run(str(script), 2, timeout=60, env=ENV, mps=False)
+  assert [x.result for x in w] == [None, None]
+
+
+def test_host_gpus_follow_cuda_visible_devices(monkeypatch):
+  for visible, gpus in [("2,3", ["2", "3"]), (" 4 , 5 ", ["4", "5"]),
+                        ("GPU-aa,GPU-bb", ["GPU-aa", "GPU-bb"]),
+                        ("0,-1,2", ["0"]), ("", []), ("-1", [])]:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert launch._host_gpus() == gpus, visible
+  assert launch._shares_gpu(["0", "0"]) and launch._shares_gpu(["0,1", "1,2"])
+  assert not launch._shares_gpu(["0", "1"]) and not launch._shares_gpu(["0,1", "2,3"])
+  assert launch._shares_gpu(None)  # (every process sees every GPU)
+
+
 def test_grid_bound_agreement():
   # 8 ranks on one GPU (N processes on one device) share its resident blocks
   one_gpu = [{"uuid": "a", "bound": 264}] * 8
