@@ -69,8 +69,8 @@ def test_fused_all_reduce_rmsnorm_through_processes(n, mps):
         f"exchanges refused {workers[0].result['refused']}")
 
 
-@pytest.mark.parametrize("n", [2, 4, 8])
-def test_all_gather_and_psum_scatter_through_processes(n, mps):
+@pytest.mark.parametrize("n,reverse", [(2, False), (4, False), (8, False), (4, True)])
+def test_all_gather_and_psum_scatter_through_processes(n, reverse, mps):
   # jaxll.all_gather / psum_scatter with the one-shot kernels (LL16, sentinel, barrier)
   # and with auto (its measured choice among them)
   # against numpy (tests/mp_scripts/gather_scatter_check.py): gathered bits,
@@ -78,7 +78,11 @@ def test_all_gather_and_psum_scatter_through_processes(n, mps):
   # chain per kernel (and auto): 500 steps of a small and a large gather and
   # scatter back to back in one jitted loop, exact after the last step.
   script = os.path.join(os.path.dirname(CHECKS), "gather_scatter_check.py")
-  workers = launch.run(script, n, timeout=TIMEOUT, env=ENV, mps=mps, devices=["0"] * n)
+  # (reverse: the mesh lists the processes' devices backwards, so ranks are not
+  # process indices and the gathered order must follow the mesh)
+  workers = launch.run(script, n, args=["--reverse"] if reverse else [], timeout=TIMEOUT,
+                       env=ENV, mps=mps, devices=["0"] * n)
+  assert [w.result["rank"] for w in workers] == [n - 1 - p if reverse else p for p in range(n)]
   for w in workers:
     assert not w.result["errors"], (w.process_id, w.result["errors"])
     # 5 cases x 3 kernels, less the sentinel's int32 case, 5 with auto's choice,

@@ -7,9 +7,11 @@ jaxll.all_reduce, repeated. The gather must return every rank's piece bit for
 bit; the scatter must equal piece r of the one-shot all-reduce of the same
 inputs bit for bit, and the float64 sum within rounding. Then a stress chain
 per algorithm: 500 steps of a small and a large gather and scatter back to
-back in one jitted loop, exact after the last step.
+back in one jitted loop, exact after the last step. With --reverse the mesh
+lists the devices in reverse order, so a process's rank (its mesh position) is
+not its process index.
 
-  python gather_scatter_check.py [--runs 5]
+  python gather_scatter_check.py [--runs 5] [--reverse]
 """
 import argparse
 
@@ -17,6 +19,7 @@ import numpy as np
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--runs", type=int, default=5)
+parser.add_argument("--reverse", action="store_true")
 opts = parser.parse_args()
 
 import jax  # noqa: E402
@@ -31,8 +34,12 @@ import jaxll  # noqa: E402
 from jaxll import gather_scatter  # noqa: E402
 
 n = jax.device_count()
-mesh = jax.make_mesh((n,), ("tp",))
-report = {"pid": pid, "errors": [], "cases": 0}
+if opts.reverse:
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[::-1]), ("tp",))
+else:
+  mesh = jax.make_mesh((n,), ("tp",))
+pos = list(mesh.devices.flat).index(jax.local_devices()[0])  # this process's rank (one device each)
+report = {"pid": pid, "rank": pos, "errors": [], "cases": 0}
 CASES = [(1, np.float32), (1000, jnp.bfloat16), (4097, np.float16), (65_539, np.int32),
          (300_001, np.float32)]
 
@@ -93,10 +100,10 @@ for algorithm in ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier", "auto"):
         first = (g, s)
         if not np.array_equal(bits(g), bits(pieces)):
           report["errors"].append(f"{key}: the gathered pieces differ from the inputs")
-        if not np.array_equal(bits(s), bits(whole[pid * count:(pid + 1) * count])):
+        if not np.array_equal(bits(s), bits(whole[pos * count:(pos + 1) * count])):
           report["errors"].append(f"{key}: the scattered piece differs from the all-reduce's")
-        want = parts.astype(np.float64).sum(0)[pid * count:(pid + 1) * count]
-        scale = np.abs(parts.astype(np.float64)).sum(0)[pid * count:(pid + 1) * count]
+        want = parts.astype(np.float64).sum(0)[pos * count:(pos + 1) * count]
+        scale = np.abs(parts.astype(np.float64)).sum(0)[pos * count:(pos + 1) * count]
         tol = {"float32": 2e-6, "bfloat16": 1.6e-2, "float16": 2e-3, "int32": 0}[
             np.dtype(dtype).name]
         if not (np.abs(s.astype(np.float64) - want) <= tol * scale).all():
@@ -145,8 +152,8 @@ for algorithm in ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier", "auto"):
   a, b = compiled(*args)
   for got, start, name in ((a, small0, "small"), (b, large0, "large")):
     got = np.asarray(got.addressable_data(0))[0]
-    if not np.array_equal(got, start[pid] + STEPS):
-      bad = int(np.sum(got != start[pid] + STEPS))
+    if not np.array_equal(got, start[pos] + STEPS):
+      bad = int(np.sum(got != start[pos] + STEPS))
       report["errors"].append(f"{key}: {name} pieces off after {STEPS} steps ({bad} elements)")
   report["cases"] += 1
 jaxll.check_errors()
