@@ -54,6 +54,18 @@ def test_tp_model_through_processes(n, mps):
         f"max error {max(max(w.result['max_error'].values()) for w in workers):.1e}")
 
 
+def test_free_workspaces_and_build_again_through_processes(mps):
+  # jaxll.free_workspaces() at the same point in every process, then the same
+  # function lowered again: a new workspace spanning the processes, three
+  # rounds, each checked against numpy (tests/mp_scripts/free_check.py)
+  script = os.path.join(os.path.dirname(CHECKS), "free_check.py")
+  workers = launch.run(script, 2, timeout=TIMEOUT, env=ENV, mps=mps, devices=["0"] * 2)
+  for w in workers:
+    assert not w.result["errors"], (w.process_id, w.result["errors"])
+    assert w.result["paths"] == [["oneshot_ll"]] * 3, w.result["paths"]
+  print(f"\nworkspaces per round: {workers[0].result['workspaces']}")
+
+
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_fused_all_reduce_rmsnorm_through_processes(n, mps):
   # jaxll.all_reduce_rmsnorm(algorithm="fused") against the composition over

@@ -49,6 +49,17 @@ def test_end_to_end_checks_dry_run_on_cpu(processes, devices):
   assert workers[0].result["stress_calls"] == 12
 
 
+def test_free_and_build_again_dry_run_on_cpu():
+  # tests/mp_scripts/free_check.py (the GPU tier's free-and-rebuild check) on
+  # CPU devices in 2 processes: the calls go to XLA, free_workspaces runs in
+  # every process each round
+  script = os.path.join(HERE, "mp_scripts", "free_check.py")
+  workers = launch.run(script, 2, args=["--platform", "cpu"], timeout=300, mps=False, env=ENV)
+  for w in workers:
+    assert w.result["errors"] == [] and w.result["paths"] == [["xla"]] * 3, w.result
+    assert w.result["workspaces"] == [[]] * 3
+
+
 def test_hang_fails_after_timeout():
   with pytest.raises(launch.LaunchError, match="timed out after 12 s"):
     launch.run(WORKER, 2, args=["hang"], timeout=12, mps=False, env=ENV)
