@@ -202,10 +202,30 @@ def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
     if problem:
       return xla(problem, n)
 
+  if name == algorithms.TWOSHOT_LL128_ATOMIC:
+    problem = _peer_atomics(groups)
+    if problem:
+      return xla(problem, n)
   ws_id, problem = _workspace_for_groups(groups)
   if problem:
     return xla(problem, n)
   return Decision(name, reason, ws_id, n)
+
+
+def _peer_atomics(groups: list[list]) -> str | None:
+  """Why twoshot_ll128_atomic cannot run between this process's GPUs of a group
+  (its adds land in a peer GPU's memory, atomic only where the link carries
+  them natively: NVLink, not PCIe), or None. GPUs of other processes are not
+  asked (each process sees only its own)."""
+  me = jax.process_index()
+  for g in groups:
+    mine = sorted({d.local_hardware_id for d in g if d.process_index == me})
+    for a in mine:
+      for b in mine:
+        if a != b and not ext.peer_native_atomics(a, b):
+          return (f"GPU {a}'s atomics on GPU {b}'s memory are not native over their link "
+                  "(PCIe): the vector adds would not be atomic")
+  return None
 
 
 def _workspace_for_groups(groups) -> tuple[int, str]:

@@ -560,6 +560,26 @@ def test_a_workspace_cuda_refuses_is_a_reason_not_a_crash(monkeypatch, caplog):
     lowering._workspace_for_groups(gpus)
 
 
+def test_ll128_atomic_needs_native_peer_atomics_between_a_process_gpus(monkeypatch):
+  # (its vector adds land in a peer GPU's memory: over PCIe they are not atomic)
+  dev = lambda i, proc=0: types.SimpleNamespace(id=i, platform="gpu", process_index=proc,
+                                                 local_hardware_id=i)
+  native = {(0, 1): True, (1, 0): True, (0, 2): False, (2, 0): False, (1, 2): True, (2, 1): True}
+  asked = []
+
+  def peer_native_atomics(a, b):
+    asked.append((a, b))
+    return native[(a, b)]
+  monkeypatch.setattr(lowering, "ext", types.SimpleNamespace(peer_native_atomics=peer_native_atomics))
+  assert lowering._peer_atomics([[dev(0), dev(1)]]) is None
+  problem = lowering._peer_atomics([[dev(0), dev(1)], [dev(0), dev(2)]])
+  assert problem is not None and "GPU 0" in problem and "GPU 2" in problem and "PCIe" in problem
+  # another process's GPUs are not asked about (this process cannot see them)
+  asked.clear()
+  assert lowering._peer_atomics([[dev(0), dev(2, proc=1)]]) is None
+  assert asked == []
+
+
 def test_explain_knows_the_group_size_on_cpu(mesh2):
   f = jax.jit(jax.shard_map(lambda v: (jaxll.all_reduce(v, "tp"), jaxll.all_reduce(v, "dp"),
                                        jaxll.all_reduce(v, ("dp", "tp"))),

@@ -105,6 +105,14 @@ NB_MODULE(_jaxll, m) {
     check_cuda(cudaDeviceCanAccessPeer(&ok, a, b), "querying peer access");
     return ok != 0;
   }, "a"_a, "b"_a);
+  m.def("peer_native_atomics", [](int a, int b) {
+    int ok = 0;
+    check_cuda(cudaDeviceGetP2PAttribute(&ok, cudaDevP2PAttrNativeAtomicSupported, a, b),
+               "querying peer atomics");
+    return ok != 0;
+  }, "a"_a, "b"_a,
+        "Whether device a's atomics on device b's memory are native over their link "
+        "(NVLink: yes; PCIe: no, and then they are not atomic against b's own).");
 
   m.def("create_workspace", [](const std::vector<std::vector<int>>& groups, bool virtual_ranks,
                           size_t scratch_bytes, uint64_t timeout_ms, int max_blocks,
@@ -216,14 +224,23 @@ NB_MODULE(_jaxll, m) {
   }, "id"_a, "epoch"_a,
         "Testing hook: sets every block's epoch, as if that many rounds had run (devices idle).");
 
-  m.def("free_workspace", [](int64_t id) {
+  m.def("free_workspace", [](int64_t id, bool keep_exported) {
     nb::gil_scoped_release release;
-    return workspace_free(id);
-  }, "id"_a);
-  m.def("free_all", [] {
+    return workspace_free(id, keep_exported);
+  }, "id"_a, "keep_exported"_a = false,
+        "Frees a workspace once its devices are idle (keep_exported: memory whose IPC "
+        "handles went to other processes stays allocated until this process ends).");
+  m.def("free_all", [](bool keep_exported) {
     nb::gil_scoped_release release;
-    workspace_free_all();
-  });
+    workspace_free_all(keep_exported);
+  }, "keep_exported"_a = false);
+  m.def("workspace_close_imports", [](int64_t id) {
+    Workspace& c = workspace_or_throw(id);
+    nb::gil_scoped_release release;
+    c.close_imports();
+  }, "id"_a,
+        "Unmaps the other processes' memory a workspace opened (devices idle first); "
+        "the workspace must run no call after this.");
   m.def("workspace_ids", &workspace_ids);
 
   m.def("decode_error", [](uint64_t word) {
@@ -311,6 +328,7 @@ NB_MODULE(_jaxll, m) {
       for (int k = 0; k < c.group_size() && r == nullptr; ++k)
         if (c.has_rank(g, k)) r = &c.rank(g, k);
     if (r == nullptr) throw std::runtime_error("workspace " + std::to_string(id) + " has no rank here");
+    DeviceGuard guard(r->ordinal);  // (the plan's occupancy queries ask the current device)
     const RmsNormPlan p = plan_all_reduce_rmsnorm(static_cast<DType>(dtype), r->view, tokens,
                                                   hidden, rmsnorm_protocol(protocol));
     nb::dict d;

@@ -68,9 +68,12 @@ __device__ __forceinline__ void red_add_16<__half>(void* dst, uint4 v) {
                "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
 #else
-  __half2* p = static_cast<__half2*>(dst);
+  // (one f16x2 at a time, at system scope: the line may be a peer GPU's memory,
+  // where a GPU-scope atomicAdd is not atomic against the other ranks' adds)
+  uint32_t* p = static_cast<uint32_t*>(dst);
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  for (int k = 0; k < 4; ++k) atomicAdd(p + k, *reinterpret_cast<const __half2*>(&w[k]));
+  for (int k = 0; k < 4; ++k)
+    asm volatile("red.relaxed.sys.global.add.noftz.f16x2 [%0], %1;" ::"l"(p + k), "r"(w[k]) : "memory");
 #endif
 }
 
@@ -81,10 +84,25 @@ __device__ __forceinline__ void red_add_16<__nv_bfloat16>(void* dst, uint4 v) {
                "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
 #else
-  __nv_bfloat162* p = static_cast<__nv_bfloat162*>(dst);
+  // (before sm_90 PTX has no bf16x2 reduction: a system-scope compare-and-swap
+  // loop, for the same reason as f16's; each bf16 is rounded once, as the
+  // vector add rounds it)
+  unsigned int* p = static_cast<unsigned int*>(dst);
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  for (int k = 0; k < 4; ++k)
-    atomicAdd(p + k, *reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+  for (int k = 0; k < 4; ++k) {
+    const __nv_bfloat162 add = *reinterpret_cast<const __nv_bfloat162*>(&w[k]);
+    unsigned int seen = p[k];
+    while (true) {
+      __nv_bfloat162 now = *reinterpret_cast<const __nv_bfloat162*>(&seen);
+      const float lo = __bfloat162float(now.x) + __bfloat162float(add.x);
+      const float hi = __bfloat162float(now.y) + __bfloat162float(add.y);
+      now = __floats2bfloat162_rn(lo, hi);
+      const unsigned int want = *reinterpret_cast<const unsigned int*>(&now);
+      const unsigned int was = atomicCAS_system(p + k, seen, want);
+      if (was == seen) break;
+      seen = was;
+    }
+  }
 #endif
 }
 
