@@ -187,6 +187,6 @@ def build(groups, me: int, config) -> tuple[int, tuple[tuple[int, ...], ...]]:
     agree("connect", status)
   except BaseException:
     if ws_id is not None:
-      ext.free_workspace(ws_id)
+      ext.free_workspace(ws_id, keep_exported=True)  # (a peer may have mapped it)
     raise
   return ws_id, ordinals

@@ -177,7 +177,7 @@ def workspaces() -> list[Workspace]:
     return sorted(_registry.values(), key=lambda w: w.id)
 
 
-def free_workspaces() -> None:
+def free_workspaces(*, timeout_s: float | None = None) -> None:
   """Frees every workspace, after waiting for their devices to go idle.
 
   Compiled functions refer to workspaces by id, so this also clears JAX's
@@ -189,15 +189,35 @@ def free_workspaces() -> None:
   rank, are never freed), poisons its output and touches no freed memory.
   Call it only when no jaxll computation is in flight. With workspaces that
   span processes, call it in every process at the same point of the program
-  (as :func:`reset`): their next setups pair up by count. It also forgets the
-  setups that failed, so that they are tried again. To recover from an error
-  without recompiling, use :func:`reset`.
+  (as :func:`reset`): each process first unmaps the other processes' memory,
+  then the processes meet at a barrier through ``jax.distributed``'s key-value
+  store, and only then free their own (so no process frees memory a peer still
+  maps). Where a process does not arrive within `timeout_s` (default
+  ``RESET_TIMEOUT_S``), the memory it was handed stays allocated until this
+  process ends, with a warning. Their next setups pair up by count. It also
+  forgets the setups that failed, so that they are tried again. To recover
+  from an error without recompiling, use :func:`reset`.
   """
   import jax
+  timeout_s = RESET_TIMEOUT_S if timeout_s is None else timeout_s
   with _lock:
+    spanning = [ws for ws in _registry.values() if ws.distributed]
     _registry.clear()
     _failed.clear()
     if ext is not None:
+      for ws in spanning:
+        ext.workspace_close_imports(ws.id)
+      for ws in spanning:
+        keep = False
+        try:
+          _process_barrier(ws, "free", "closed", timeout_s)
+        except CollectiveError as e:
+          keep = True
+          import logging
+          logging.getLogger("jaxll").warning(
+              "jaxll.free_workspaces(): %s; the memory other processes were handed stays "
+              "allocated until this process ends", e)
+        ext.free_workspace(ws.id, keep_exported=keep)
       ext.free_all()
   jax.clear_caches()
 
@@ -238,7 +258,6 @@ def check_errors() -> None:
 
 
 RESET_TIMEOUT_S = 300.0
-_reset_generation: dict[str, int] = {}
 
 
 def reset(*, timeout_s: float = RESET_TIMEOUT_S) -> None:
@@ -260,36 +279,45 @@ def reset(*, timeout_s: float = RESET_TIMEOUT_S) -> None:
     if not ws.distributed:
       ext.workspace_reset(ws.id)
       continue
-    import jax
-    from jaxll import distributed
-    client = distributed._client()
-    if client is None:
-      raise CollectiveError("jaxll.reset(): jax.distributed is no longer initialized")
-    ids = {d for g in ws.device_ids for d in g}
-    processes = sorted({d.process_index for d in jax.devices() if d.id in ids})
-    me = jax.process_index()
-    import hashlib
-    digest = hashlib.sha1(repr((ws.device_ids, ws.config)).encode()).hexdigest()[:16]
-    gen = _reset_generation.get(digest, 0)
-    _reset_generation[digest] = gen + 1
-    prefix = f"jaxll/reset/{digest}/{gen}"
-    timeout_ms = int(timeout_s * 1000)
-
-    def barrier(step: str) -> None:
-      client.key_value_set(f"{prefix}/{step}/{me}", "ok")
-      for p in processes:
-        try:
-          client.blocking_key_value_get(f"{prefix}/{step}/{p}", timeout_ms)
-        except Exception as e:  # the store raises on timeout
-          raise CollectiveError(
-              f"jaxll.reset(): process {p} did not reach the '{step}' barrier of workspace "
-              f"{ws.id} within {timeout_s:g} s (has it died? a workspace spanning a dead "
-              f"process cannot be reset; restart the job): {e}") from None
-
     ext.workspace_quiesce(ws.id)
-    barrier("quiet")
+    _process_barrier(ws, "reset", "quiet", timeout_s)
     ext.workspace_reset(ws.id)
-    barrier("cleared")
+    _process_barrier(ws, "reset", "cleared", timeout_s)
+
+
+_barrier_generation: dict[tuple[str, str, str], int] = {}
+
+
+def _process_barrier(ws: Workspace, what: str, step: str, timeout_s: float) -> None:
+  """Meets every other process of the spanning workspace `ws` at barrier
+  `step` of a collective `what` (reset, free), through jax.distributed's
+  key-value store; raises CollectiveError naming a process that did not arrive
+  within `timeout_s`. Every process makes the same barriers in the same order
+  (the keys are counted per workspace, collective and step)."""
+  import hashlib
+  import jax
+  from jaxll import distributed
+  client = distributed._client()
+  if client is None:
+    raise CollectiveError(f"jaxll.{what}(): jax.distributed is no longer initialized")
+  ids = {d for g in ws.device_ids for d in g}
+  processes = sorted({d.process_index for d in jax.devices() if d.id in ids})
+  me = jax.process_index()
+  digest = hashlib.sha1(repr((ws.device_ids, ws.config)).encode()).hexdigest()[:16]
+  count = (what, digest, step)
+  gen = _barrier_generation.get(count, 0)
+  _barrier_generation[count] = gen + 1
+  prefix = f"jaxll/{what}/{digest}/{gen}/{step}"
+  client.key_value_set(f"{prefix}/{me}", "ok")
+  for p in processes:
+    try:
+      client.blocking_key_value_get(f"{prefix}/{p}", int(timeout_s * 1000))
+    except Exception as e:  # the store raises on timeout
+      raise CollectiveError(
+          f"jaxll.{what}(): process {p} did not reach the '{step}' barrier of workspace "
+          f"{ws.id} within {timeout_s:g} s (has it died? a workspace spanning a dead "
+          f"process cannot be {'freed' if what == 'free' else what}; restart the job): "
+          f"{e}") from None
 
 
 def on_error_mode() -> str:
@@ -305,6 +333,6 @@ def _free_at_exit() -> None:
     if ext is None:
       return
     try:
-      ext.free_all()
+      ext.free_all(keep_exported=True)  # (a peer process may still map what it was handed)
     except Exception:  # pragma: no cover - interpreter teardown
       pass

@@ -225,7 +225,9 @@ def _run_processes(monkeypatch, hosts, fail=None, absent=(), timeout_ms=5000):
       device_uuid=device_uuid,
       device_block_bound=lambda o: 264, device_sm_count=lambda o: 132, create_workspace=create_workspace,
       workspace_ipc_handles=workspace_ipc_handles, workspace_connect=workspace_connect,
-      free_workspace=lambda comm: freed[local.pid].append(comm))
+      # (a failed setup keeps what it exported: a peer may have mapped it)
+      free_workspace=lambda comm, keep_exported=False: freed[local.pid].append(
+          comm if keep_exported else ("freed outright", comm)))
   monkeypatch.setattr(distributed, "ext", fake)
   devs = [types.SimpleNamespace(id=p, process_index=p, local_hardware_id=0)
           for p in range(len(hosts))]
@@ -331,6 +333,56 @@ def test_a_failed_setup_is_not_repeated_until_the_workspaces_are_freed(monkeypat
     workspace.get_distributed_workspace(groups)
   assert attempts == [0, 0]
   workspace.free_workspaces()
+
+
+def _spanning_workspace(monkeypatch, store):
+  """This process (0) holds one workspace spanning processes 0 and 1 in the
+  registry; jaxll's native calls are recorded, in order."""
+  import jax
+  from jaxll import workspace
+  log = []
+  fake = types.SimpleNamespace(
+      workspace_close_imports=lambda i: log.append(("close_imports", i)),
+      free_workspace=lambda i, keep_exported=False: log.append(("free", i, keep_exported)),
+      free_all=lambda: log.append(("free_all",)))
+  monkeypatch.setattr(workspace, "ext", fake)
+  monkeypatch.setattr(distributed, "_client", lambda: store)
+  monkeypatch.setattr(jax, "devices", lambda: [types.SimpleNamespace(id=p, process_index=p)
+                                              for p in range(2)])
+  ws = workspace.Workspace(id=7, virtual=False, device_ids=((0, 1),), ordinals=((0, -1),),
+                           config=workspace.WorkspaceConfig(), round_bytes=0, region_bytes=0,
+                           bytes_per_rank=0, max_blocks=0, distributed=True)
+  monkeypatch.setitem(workspace._registry, ("distributed", ws.device_ids, ws.config), ws)
+  return workspace, log
+
+
+def test_free_closes_imports_meets_the_peers_then_frees(monkeypatch):
+  store = _Store()
+  workspace, log = _spanning_workspace(monkeypatch, store)
+  arrived = []
+
+  def peer():  # process 1 reaches the barrier after this process closed its imports
+    while ("close_imports", 7) not in log:
+      time.sleep(0.01)
+    key = [k for k in store.data if k.endswith("/closed/0")]
+    arrived.append(key)
+    store.key_value_set(key[0][:-1] + "1", "ok")
+  t = threading.Thread(target=peer)
+  t.start()
+  workspace.free_workspaces(timeout_s=10)
+  t.join(10)
+  assert arrived and arrived[0], "process 0 freed before it published its barrier key"
+  assert log == [("close_imports", 7), ("free", 7, False), ("free_all",)]
+  assert workspace.workspaces() == []
+
+
+def test_free_keeps_exported_memory_where_a_peer_never_comes(monkeypatch, caplog):
+  workspace, log = _spanning_workspace(monkeypatch, _Store())
+  with caplog.at_level("WARNING", logger="jaxll"):
+    workspace.free_workspaces(timeout_s=0.2)
+  assert log == [("close_imports", 7), ("free", 7, True), ("free_all",)]
+  assert "process 1 did not reach the 'closed' barrier" in caplog.text
+  assert "stays allocated until this process ends" in caplog.text
 
 
 def test_a_process_without_a_gpu_under_mps_gets_a_hint(tmp_path):

@@ -450,6 +450,7 @@ void Workspace::reset() {
 std::vector<std::string> Workspace::ipc_handles() const {
   std::vector<std::string> out;
   DeviceGuard guard;
+  exported_ = true;  // (set before any handle leaves: a partly exported workspace counts)
   for (const auto& g : groups_) {
     for (const auto& r : g) {
       if (!r) continue;
@@ -588,7 +589,7 @@ std::string Workspace::describe_error(const Rank& r, uint64_t word) const {
   return msg;
 }
 
-void Workspace::release() {
+void Workspace::close_imports() {
   DeviceGuard guard;
   for (auto& g : groups_) {
     for (auto& r : g) {
@@ -603,6 +604,15 @@ void Workspace::release() {
     cudaIpcCloseMemHandle(ptr);
   }
   opened_.clear();
+  connected_ = false;
+}
+
+void Workspace::free(bool keep_exported) { release(keep_exported); }
+
+void Workspace::release(bool keep_exported) {
+  DeviceGuard guard;
+  close_imports();
+  const bool keep = keep_exported && exported_;
   for (auto& g : groups_) {
     for (auto& r : g) {
       if (!r) continue;
@@ -614,7 +624,7 @@ void Workspace::release() {
         const unsigned long long freed = encode_error(ErrorKind::kFreed, r->rank, 0, 0, 0);
         cudaMemcpy(&r->header->error, &freed, sizeof(freed), cudaMemcpyHostToDevice);
       }
-      if (r->base) cudaFree(r->base);
+      if (r->base && !keep) cudaFree(r->base);  // (kept: left to the process's end)
       if (r->host_error) cudaFreeHost(r->host_error);
       if (r->stream) cudaStreamDestroy(r->stream);
       if (r->done) cudaEventDestroy(r->done);
@@ -658,16 +668,17 @@ Workspace* workspace_lookup(int64_t id) {
   return g_workspaces[id].load(std::memory_order_acquire);
 }
 
-bool workspace_free(int64_t id) {
+bool workspace_free(int64_t id, bool keep_exported) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (id <= 0 || id >= kMaxWorkspaces) return false;
   Workspace* c = g_workspaces[id].exchange(nullptr, std::memory_order_acq_rel);
+  if (c != nullptr) c->free(keep_exported);
   delete c;
   return c != nullptr;
 }
 
-void workspace_free_all() {
-  for (int id : workspace_ids()) workspace_free(id);
+void workspace_free_all(bool keep_exported) {
+  for (int id : workspace_ids()) workspace_free(id, keep_exported);
 }
 
 std::vector<int> workspace_ids() {

@@ -111,10 +111,20 @@ class Workspace {
   void reset();
   // Waits for this process's ranks of the workspace to go idle (the first half of reset()).
   void quiesce() const;
+  // Waits for this process's ranks to go idle, then unmaps the memory of other
+  // processes' ranks that connect() opened; the workspace must run no call
+  // after this (its peer tables point there). The first step of freeing a
+  // workspace that spans processes: no process frees memory a peer may still
+  // map (CUDA leaves that undefined) until every process has closed its imports.
+  void close_imports();
+  // Frees everything (see release); with `keep_exported`, the memory of ranks
+  // whose IPC handles left the process stays allocated until the process ends
+  // (another process may still map it).
+  void free(bool keep_exported);
 
  private:
   Workspace() = default;
-  void release();
+  void release(bool keep_exported = false);
   // Writes the state of a new workspace into rank `r`'s memory (stream-ordered
   // on `s`) and clears its error record.
   void clear_rank(Rank& r, cudaStream_t s) const;
@@ -127,6 +137,7 @@ class Workspace {
   int max_blocks_ = 0;
   bool connected_ = false;
   std::vector<std::pair<int, void*>> opened_;  // (ordinal, pointer) of opened IPC handles
+  mutable bool exported_ = false;               // ipc_handles() handed this memory out
   cudaEvent_t fork_ = nullptr;
 };
 
@@ -155,9 +166,11 @@ std::string device_uuid(int ordinal);
 int workspace_create(const std::vector<std::vector<int>>& groups, bool virtual_ranks,
                 const WorkspaceConfig& config, int max_blocks_agreed = 0);
 Workspace* workspace_lookup(int64_t id);
-// Waits for the workspace's devices to go idle, then frees it. False if unknown.
-bool workspace_free(int64_t id);
-void workspace_free_all();
+// Waits for the workspace's devices to go idle, then frees it (with
+// `keep_exported`, keeps the memory other processes were handed, see
+// Workspace::free). False if unknown.
+bool workspace_free(int64_t id, bool keep_exported = false);
+void workspace_free_all(bool keep_exported = false);
 std::vector<int> workspace_ids();
 
 // JAXLL_ON_ERROR: "poison" (default) or "trap" (see spin_wait.cuh); throws on
