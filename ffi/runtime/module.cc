@@ -39,6 +39,17 @@ Workspace& workspace_or_throw(int64_t id) {
   return *c;
 }
 
+// Binds `name`(id): `op` on the workspace, without the GIL (it may wait for the
+// devices).
+template <class Op>
+void def_workspace_op(nb::module_& m, const char* name, Op op, const char* doc) {
+  m.def(name, [op](int64_t id) {
+    Workspace& c = workspace_or_throw(id);
+    nb::gil_scoped_release release;
+    op(c);
+  }, "id"_a, doc);
+}
+
 // The fused kernel's exchange from its code (rmsnorm_protocol_name's table).
 RmsNormProtocol rmsnorm_protocol(int code) {
   if (rmsnorm_protocol_name(code) == nullptr) {
@@ -197,19 +208,12 @@ NB_MODULE(_jaxll, m) {
     return out;
   }, "id"_a, "Errors recorded by the workspace's kernels: (group, rank, ordinal, word, message).");
 
-  m.def("workspace_reset", [](int64_t id) {
-    Workspace& c = workspace_or_throw(id);
-    nb::gil_scoped_release release;
-    c.reset();
-  }, "id"_a,
+  def_workspace_op(m, "workspace_reset", [](Workspace& c) { c.reset(); },
         "Waits for the workspace's local devices to go idle, then puts its local ranks back in "
         "the state of a new workspace (every rank of every group must be reset before any "
         "runs a call again).");
-  m.def("workspace_quiesce", [](int64_t id) {
-    Workspace& c = workspace_or_throw(id);
-    nb::gil_scoped_release release;
-    c.quiesce();
-  }, "id"_a, "Waits for the workspace's local devices to go idle.");
+  def_workspace_op(m, "workspace_quiesce", [](Workspace& c) { c.quiesce(); },
+                   "Waits for the workspace's local devices to go idle.");
   m.def("trap_on_error", &trap_on_error, "JAXLL_ON_ERROR is 'trap' (raises on bad values).");
   m.def("describe_signature", &describe_signature, "signature"_a);
   m.def("call_signature", [](int algorithm, int dtype, int op, int64_t count) {
@@ -234,11 +238,7 @@ NB_MODULE(_jaxll, m) {
     nb::gil_scoped_release release;
     workspace_free_all(keep_exported);
   }, "keep_exported"_a = false);
-  m.def("workspace_close_imports", [](int64_t id) {
-    Workspace& c = workspace_or_throw(id);
-    nb::gil_scoped_release release;
-    c.close_imports();
-  }, "id"_a,
+  def_workspace_op(m, "workspace_close_imports", [](Workspace& c) { c.close_imports(); },
         "Unmaps the other processes' memory a workspace opened (devices idle first); "
         "the workspace must run no call after this.");
   m.def("workspace_ids", &workspace_ids);
