@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import logging
 import threading
 from typing import Sequence
 
@@ -207,17 +208,17 @@ def free_workspaces(*, timeout_s: float | None = None) -> None:
     if ext is not None:
       for ws in spanning:
         ext.workspace_close_imports(ws.id)
+      missed = False  # (after one barrier timed out, the rest are kept without waiting)
       for ws in spanning:
-        keep = False
-        try:
-          _process_barrier(ws, "free", "closed", timeout_s)
-        except CollectiveError as e:
-          keep = True
-          import logging
-          logging.getLogger("jaxll").warning(
-              "jaxll.free_workspaces(): %s; the memory other processes were handed stays "
-              "allocated until this process ends", e)
-        ext.free_workspace(ws.id, keep_exported=keep)
+        if not missed:
+          try:
+            _process_barrier(ws, "free", "closed", timeout_s)
+          except CollectiveError as e:
+            missed = True
+            logging.getLogger("jaxll").warning(
+                "jaxll.free_workspaces(): %s; the memory other processes were handed stays "
+                "allocated until this process ends (this workspace's and the later ones')", e)
+        ext.free_workspace(ws.id, keep_exported=missed)
       ext.free_all()
   jax.clear_caches()
 

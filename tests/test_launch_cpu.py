@@ -378,9 +378,17 @@ def test_free_closes_imports_meets_the_peers_then_frees(monkeypatch):
 
 def test_free_keeps_exported_memory_where_a_peer_never_comes(monkeypatch, caplog):
   workspace, log = _spanning_workspace(monkeypatch, _Store())
+  other = workspace.Workspace(id=8, virtual=False, device_ids=((1, 0),), ordinals=((-1, 0),),
+                              config=workspace.WorkspaceConfig(), round_bytes=0, region_bytes=0,
+                              bytes_per_rank=0, max_blocks=0, distributed=True)
+  monkeypatch.setitem(workspace._registry, ("distributed", other.device_ids, other.config), other)
+  t0 = time.monotonic()
   with caplog.at_level("WARNING", logger="jaxll"):
-    workspace.free_workspaces(timeout_s=0.2)
-  assert log == [("close_imports", 7), ("free", 7, True), ("free_all",)]
+    workspace.free_workspaces(timeout_s=0.5)
+  # (one wait: after the first barrier failed, the second workspace is kept at once)
+  assert time.monotonic() - t0 < 0.9
+  assert log == [("close_imports", 7), ("close_imports", 8), ("free", 7, True), ("free", 8, True),
+                 ("free_all",)]
   assert "process 1 did not reach the 'closed' barrier" in caplog.text
   assert "stays allocated until this process ends" in caplog.text
 
