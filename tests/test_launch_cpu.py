@@ -362,12 +362,16 @@ def test_free_closes_imports_meets_the_peers_then_frees(monkeypatch):
   arrived = []
 
   def peer():  # process 1 reaches the barrier after this process closed its imports
+    deadline = time.monotonic() + 10
     while ("close_imports", 7) not in log:
+      if time.monotonic() > deadline:
+        return
       time.sleep(0.01)
     key = [k for k in store.data if k.endswith("/closed/0")]
     arrived.append(key)
-    store.key_value_set(key[0][:-1] + "1", "ok")
-  t = threading.Thread(target=peer)
+    if key:
+      store.key_value_set(key[0][:-1] + "1", "ok")
+  t = threading.Thread(target=peer, daemon=True)
   t.start()
   workspace.free_workspaces(timeout_s=10)
   t.join(10)
