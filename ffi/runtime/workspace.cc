@@ -607,8 +607,6 @@ void Workspace::close_imports() {
   connected_ = false;
 }
 
-void Workspace::free(bool keep_exported) { release(keep_exported); }
-
 void Workspace::release(bool keep_exported) {
   DeviceGuard guard;
   close_imports();
@@ -672,7 +670,7 @@ bool workspace_free(int64_t id, bool keep_exported) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (id <= 0 || id >= kMaxWorkspaces) return false;
   Workspace* c = g_workspaces[id].exchange(nullptr, std::memory_order_acq_rel);
-  if (c != nullptr) c->free(keep_exported);
+  if (c != nullptr) c->release(keep_exported);
   delete c;
   return c != nullptr;
 }

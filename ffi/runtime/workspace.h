@@ -117,14 +117,13 @@ class Workspace {
   // workspace that spans processes: no process frees memory a peer may still
   // map (CUDA leaves that undefined) until every process has closed its imports.
   void close_imports();
-  // Frees everything (see release); with `keep_exported`, the memory of ranks
-  // whose IPC handles left the process stays allocated until the process ends
-  // (another process may still map it).
-  void free(bool keep_exported);
+  // Frees everything (also what the destructor does); with `keep_exported`,
+  // the memory of ranks whose IPC handles left the process stays allocated
+  // until the process ends (another process may still map it).
+  void release(bool keep_exported = false);
 
  private:
   Workspace() = default;
-  void release(bool keep_exported = false);
   // Writes the state of a new workspace into rank `r`'s memory (stream-ordered
   // on `s`) and clears its error record.
   void clear_rank(Rank& r, cudaStream_t s) const;
