@@ -167,7 +167,7 @@ int workspace_create(const std::vector<std::vector<int>>& groups, bool virtual_r
 Workspace* workspace_lookup(int64_t id);
 // Waits for the workspace's devices to go idle, then frees it (with
 // `keep_exported`, keeps the memory other processes were handed, see
-// Workspace::free). False if unknown.
+// Workspace::release). False if unknown.
 bool workspace_free(int64_t id, bool keep_exported = false);
 void workspace_free_all(bool keep_exported = false);
 std::vector<int> workspace_ids();
