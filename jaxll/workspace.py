@@ -188,7 +188,12 @@ def free_workspaces(*, timeout_s: float | None = None) -> None:
   FAILED_PRECONDITION ("workspace N was freed"), and a kernel XLA replays from
   a recorded command buffer finds its header marked freed (headers, 4 KiB per
   rank, are never freed), poisons its output and touches no freed memory.
-  Call it only when no jaxll computation is in flight. With workspaces that
+  JAX dispatches asynchronously, so XLA may still be launching a jaxll call on
+  another thread when this runs: that launch finishes first, the devices then
+  run everything enqueued to its end, and only then is the memory freed; a
+  call launched after that fails with FAILED_PRECONDITION. So results of calls
+  still in flight may come back as such errors or poisoned: block on them
+  (``jax.block_until_ready``) before freeing to keep them. With workspaces that
   span processes, call it in every process at the same point of the program
   (as :func:`reset`): each process first unmaps the other processes' memory,
   then the processes meet at a barrier through ``jax.distributed``'s key-value

@@ -6,8 +6,10 @@ What each fault looks like to the user is in benchmarks/README.md, "Faults".
 Marked ``gpu``."""
 
 import os
+import re
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -294,6 +296,64 @@ def test_compiled_function_outliving_its_workspace_fails_clearly():
   # a new compilation builds a new workspace and runs
   x = jax.device_put(np.zeros(256, np.float32), NamedSharding(mesh, P("x")))
   assert float(np.asarray(f(x))[0]) == 6.0
+
+
+def test_free_workspaces_while_another_thread_runs_calls():
+  # jaxll.free_workspaces() while another thread keeps running jitted calls
+  # (JAX dispatches asynchronously, so XLA may be launching one as the free
+  # begins; new input buffers every call make XLA record its command buffer
+  # again, so the custom call's handler runs every call): every call gives the
+  # right values, fails cleanly (its workspace was freed) or returns a poisoned
+  # output; nothing crashes or hangs, and a call after the last free builds a
+  # new workspace and is right
+  gpu = jax.devices("cuda")[0]
+  mesh = Mesh(np.array([gpu]), ("x",))
+
+  def body(v):
+    for _ in range(4):
+      v = jaxll.all_reduce(v, "x", algorithm="oneshot_ll") + 1
+    return v
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+  sharding = NamedSharding(mesh, P("x"))
+  outcomes = {"right": 0, "freed": 0, "poisoned": 0}
+  other = []
+  stop = threading.Event()
+
+  def run():
+    i = 0
+    while not stop.is_set():
+      x = jax.device_put(np.full(4096, i % 7, np.float32), sharding)
+      try:
+        y = np.asarray(f(x))
+      except Exception as e:  # noqa: BLE001 (sorted below)
+        if re.search(r"was freed|does not exist", str(e)):
+          outcomes["freed"] += 1
+        else:
+          other.append(repr(e))
+      else:
+        if np.array_equal(y, np.full(4096, i % 7 + 4, np.float32)):
+          outcomes["right"] += 1
+        elif np.isnan(y).any():
+          outcomes["poisoned"] += 1
+        else:
+          other.append(f"call {i}: wrong values {y[:4]}")
+      i += 1
+
+  t = threading.Thread(target=run)
+  t.start()
+  try:
+    for _ in range(30):
+      time.sleep(0.02)
+      jaxll.free_workspaces()
+  finally:
+    stop.set()
+    t.join(timeout=120)
+  assert not t.is_alive(), "the calling thread hung"
+  assert other == [], (outcomes, other[:5])
+  assert outcomes["right"] > 0, outcomes
+  x = jax.device_put(np.zeros(4096, np.float32), sharding)
+  assert np.array_equal(np.asarray(f(x)), np.full(4096, 4, np.float32))
 
 
 def test_soak_a_million_mixed_calls():

@@ -23,7 +23,8 @@ int no_workspace(int64_t workspace, char* error, size_t error_len) {
 }
 
 int get_rank_view(int64_t workspace, int ordinal, RankView* view, char* error, size_t error_len) {
-  Workspace* c = workspace_lookup(workspace);
+  const WorkspaceRef hold(workspace);  // (the view is copied out before it ends)
+  Workspace* c = hold.get();
   if (c == nullptr) return no_workspace(workspace, error, error_len);
   Rank* r = c->rank_for_ordinal(ordinal);
   if (r == nullptr || !c->connected()) {
@@ -41,7 +42,8 @@ int get_rank_view(int64_t workspace, int ordinal, RankView* view, char* error, s
 
 int get_rank_view_of(int64_t workspace, int group, int rank, RankView* view, char* error,
                      size_t error_len) {
-  Workspace* c = workspace_lookup(workspace);
+  const WorkspaceRef hold(workspace);  // (the view is copied out before it ends)
+  Workspace* c = hold.get();
   if (c == nullptr) return no_workspace(workspace, error, error_len);
   const std::string which = "rank " + std::to_string(rank) + " of group " + std::to_string(group) +
                             " of workspace " + std::to_string(workspace);

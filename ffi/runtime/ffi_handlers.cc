@@ -134,10 +134,12 @@ namespace {
 
 using namespace handlers;
 
-// The rank of workspace `workspace_id` on device `ordinal`, ready for a call: it
+// The rank of workspace `workspace_id` (held by `hold`, which the caller keeps
+// until its launch is enqueued) on device `ordinal`, ready for a call: it
 // exists, the device is a member, and no kernel recorded an error there.
-ffi::Error find_rank(int64_t workspace_id, int32_t ordinal, Workspace** ws, Rank** rank) {
-  Workspace* c = workspace_lookup(workspace_id);
+ffi::Error find_rank(const WorkspaceRef& hold, int64_t workspace_id, int32_t ordinal,
+                     Workspace** ws, Rank** rank) {
+  Workspace* c = hold.get();
   if (c == nullptr) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jaxll: workspace " + std::to_string(workspace_id) +
@@ -166,9 +168,10 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer
                             ffi::AnyBuffer /*order*/, ffi::Result<ffi::AnyBuffer> y,
                             ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t workspace_id,
                             int64_t algorithm, int64_t op) {
+  const WorkspaceRef hold(workspace_id);
   Workspace* c = nullptr;
   Rank* r = nullptr;
-  if (ffi::Error e = find_rank(workspace_id, ordinal, &c, &r); e.failure()) return e;
+  if (ffi::Error e = find_rank(hold, workspace_id, ordinal, &c, &r); e.failure()) return e;
   if (ffi::Error e = check_call(algorithm, op); e.failure()) return e;
   DType dtype;
   if (ffi::Error e = to_dtype(x.element_type(), &dtype); e.failure()) return e;
@@ -194,7 +197,8 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer
 // `order_out` is the first link of the program's order chain; never written.
 ffi::Error CheckExecute(ffi::Result<ffi::AnyBuffer> /*order_out*/, ffi::Span<const int64_t> workspaces) {
   for (int64_t id : workspaces) {
-    Workspace* c = workspace_lookup(id);
+    const WorkspaceRef hold(id);
+    Workspace* c = hold.get();
     if (c == nullptr) {
       return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                         "jaxll: workspace " + std::to_string(id) +
@@ -230,9 +234,10 @@ ffi::Error RmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x
                           ffi::Result<ffi::AnyBuffer> new_residual,
                           ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t workspace_id, float eps,
                           int32_t protocol_code) {
+  const WorkspaceRef hold(workspace_id);
   Workspace* c = nullptr;
   Rank* r = nullptr;
-  if (ffi::Error e = find_rank(workspace_id, ordinal, &c, &r); e.failure()) return e;
+  if (ffi::Error e = find_rank(hold, workspace_id, ordinal, &c, &r); e.failure()) return e;
   RmsNormProtocol protocol;
   if (ffi::Error e = to_rmsnorm_protocol(protocol_code, &protocol); e.failure()) return e;
   DType dtype;
@@ -268,9 +273,10 @@ ffi::Error GatherScatterExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBu
                                 ffi::AnyBuffer /*order*/, ffi::Result<ffi::AnyBuffer> y,
                                 ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t workspace_id,
                                 int64_t collective, int64_t algorithm) {
+  const WorkspaceRef hold(workspace_id);
   Workspace* c = nullptr;
   Rank* r = nullptr;
-  if (ffi::Error e = find_rank(workspace_id, ordinal, &c, &r); e.failure()) return e;
+  if (ffi::Error e = find_rank(hold, workspace_id, ordinal, &c, &r); e.failure()) return e;
   const Collective kind = static_cast<Collective>(collective);
   if (kind != Collective::kAllGather && kind != Collective::kReduceScatter) {
     return ffi::Error::InvalidArgument("jaxll: unknown collective code " + std::to_string(collective));

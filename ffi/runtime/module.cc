@@ -33,10 +33,14 @@ using namespace nb::literals;
 namespace jaxll {
 namespace {
 
-Workspace& workspace_or_throw(int64_t id) {
-  Workspace* c = workspace_lookup(id);
-  if (c == nullptr) throw std::runtime_error("jaxll workspace " + std::to_string(id) + " does not exist");
-  return *c;
+// A hold on workspace `id` (keep it while using the workspace); throws if there
+// is none.
+WorkspaceRef workspace_or_throw(int64_t id) {
+  WorkspaceRef hold(id);
+  if (hold.get() == nullptr) {
+    throw std::runtime_error("jaxll workspace " + std::to_string(id) + " does not exist");
+  }
+  return hold;
 }
 
 // Binds `name`(id): `op` on the workspace, without the GIL (it may wait for the
@@ -44,7 +48,8 @@ Workspace& workspace_or_throw(int64_t id) {
 template <class Op>
 void def_workspace_op(nb::module_& m, const char* name, Op op, const char* doc) {
   m.def(name, [op](int64_t id) {
-    Workspace& c = workspace_or_throw(id);
+    const WorkspaceRef hold = workspace_or_throw(id);
+    Workspace& c = *hold;
     nb::gil_scoped_release release;
     op(c);
   }, "id"_a, doc);
@@ -141,7 +146,8 @@ NB_MODULE(_jaxll, m) {
         "several processes share a GPU); returns its id.");
   m.def("workspace_ipc_handles", [](int64_t id) {
     std::vector<nb::bytes> out;
-    for (const std::string& h : workspace_or_throw(id).ipc_handles()) out.emplace_back(h.data(), h.size());
+    const WorkspaceRef hold = workspace_or_throw(id);
+    for (const std::string& h : hold->ipc_handles()) out.emplace_back(h.data(), h.size());
     return out;
   }, "id"_a, "CUDA IPC handles of the local ranks' memory, in (group, rank) order.");
   m.def("workspace_connect", [](int64_t id, const std::vector<std::vector<nb::bytes>>& handles) {
@@ -150,7 +156,8 @@ NB_MODULE(_jaxll, m) {
       hs.emplace_back();
       for (const auto& h : g) hs.back().emplace_back(h.c_str(), h.size());
     }
-    Workspace& c = workspace_or_throw(id);
+    const WorkspaceRef hold = workspace_or_throw(id);
+    Workspace& c = *hold;
     nb::gil_scoped_release release;
     c.connect(hs);
   }, "id"_a, "handles"_a, "Maps the other processes' memory (handles[g][r], b'' for local ranks).");
@@ -170,7 +177,8 @@ NB_MODULE(_jaxll, m) {
   m.def("device_uuid", &device_uuid, "ordinal"_a);
 
   m.def("workspace_info", [](int64_t id) {
-    Workspace& c = workspace_or_throw(id);
+    const WorkspaceRef hold = workspace_or_throw(id);
+    Workspace& c = *hold;
     nb::dict d;
     d["id"] = c.id();
     d["virtual_ranks"] = c.virtual_ranks();
@@ -194,7 +202,8 @@ NB_MODULE(_jaxll, m) {
   }, "id"_a);
 
   m.def("workspace_errors", [](int64_t id) {
-    Workspace& c = workspace_or_throw(id);
+    const WorkspaceRef hold = workspace_or_throw(id);
+    Workspace& c = *hold;
     nb::list out;
     for (int g = 0; g < c.group_count(); ++g) {
       for (int r = 0; r < c.group_size(); ++r) {
@@ -222,7 +231,8 @@ NB_MODULE(_jaxll, m) {
   }, "algorithm"_a, "dtype"_a, "op"_a, "count"_a);
 
   m.def("set_epochs", [](int64_t id, uint64_t epoch) {
-    Workspace& c = workspace_or_throw(id);
+    const WorkspaceRef hold = workspace_or_throw(id);
+    Workspace& c = *hold;
     nb::gil_scoped_release release;
     c.set_epochs(epoch);
   }, "id"_a, "epoch"_a,
@@ -322,7 +332,8 @@ NB_MODULE(_jaxll, m) {
      "signature's collectives and the error word's kinds, by name (the one table), and why "
      "each protocol, asked for, may refuse a call.");
   m.def("rmsnorm_plan", [](int64_t id, int dtype, int64_t tokens, int64_t hidden, int protocol) {
-    Workspace& c = workspace_or_throw(id);
+    const WorkspaceRef hold = workspace_or_throw(id);
+    Workspace& c = *hold;
     const Rank* r = nullptr;
     for (int g = 0; g < c.group_count() && r == nullptr; ++g)
       for (int k = 0; k < c.group_size() && r == nullptr; ++k)
@@ -351,7 +362,8 @@ NB_MODULE(_jaxll, m) {
 
   m.def("virtual_stress", [](int64_t id, const std::vector<int>& algorithms, int dtype, int op,
                              const std::vector<int64_t>& counts, uint64_t seed, int max_delay_us) {
-    Workspace& c = workspace_or_throw(id);
+    const WorkspaceRef hold = workspace_or_throw(id);
+    Workspace& c = *hold;
     std::vector<Algorithm> algs;
     for (int a : algorithms) algs.push_back(static_cast<Algorithm>(a));
     StressResult r;
@@ -374,7 +386,8 @@ NB_MODULE(_jaxll, m) {
   }, "id"_a, "algorithms"_a, "dtype"_a, "op"_a, "counts"_a, "seed"_a, "max_delay_us"_a);
 
   m.def("virtual_calls", [](int64_t id, const std::vector<std::tuple<int, int, int, int64_t, bool, int64_t, int>>& spec) {
-    Workspace& c = workspace_or_throw(id);
+    const WorkspaceRef hold = workspace_or_throw(id);
+    Workspace& c = *hold;
     std::vector<RankCall> calls;
     for (const auto& [algorithm, dtype, op, count, skip, delay_us, delay_kernels] : spec) {
       RankCall rc;
@@ -396,7 +409,8 @@ NB_MODULE(_jaxll, m) {
   m.def("virtual_rmsnorm", [](int64_t id, int dtype, nb::bytes x, nb::bytes residual,
                               nb::bytes weight, int64_t tokens, int64_t hidden, float eps,
                               int absent, int late, int64_t delay_us, int protocol) {
-    Workspace& c = workspace_or_throw(id);
+    const WorkspaceRef hold = workspace_or_throw(id);
+    Workspace& c = *hold;
     std::string xs(x.c_str(), x.size()), rs(residual.c_str(), residual.size()),
         ws(weight.c_str(), weight.size());
     RmsNormResult out;
@@ -414,7 +428,8 @@ NB_MODULE(_jaxll, m) {
         "queues its call after the others, behind a delay kernel of `delay_us`.");
   m.def("virtual_gather_scatter", [](int64_t id, int collective, int algorithm, int dtype,
                                      nb::bytes x, int64_t count) {
-    Workspace& c = workspace_or_throw(id);
+    const WorkspaceRef hold = workspace_or_throw(id);
+    Workspace& c = *hold;
     std::string xs(x.c_str(), x.size());
     GatherScatterResult out;
     {
@@ -429,7 +444,8 @@ NB_MODULE(_jaxll, m) {
         "every virtual rank (raw bytes in and out) and the first recorded error.");
   m.def("virtual_gather_scatter_bench", [](int64_t id, int collective, int algorithm, int dtype,
                                            int64_t count, int iters, int reps) {
-    Workspace& c = workspace_or_throw(id);
+    const WorkspaceRef hold = workspace_or_throw(id);
+    Workspace& c = *hold;
     nb::gil_scoped_release release;
     return virtual_gather_scatter_bench(c, static_cast<Collective>(collective),
                                         static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
@@ -437,7 +453,8 @@ NB_MODULE(_jaxll, m) {
   }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "count"_a, "iters"_a, "reps"_a);
   m.def("virtual_rmsnorm_bench", [](int64_t id, int dtype, int64_t tokens, int64_t hidden,
                                     int iters, int reps, int protocol, bool one_launch) {
-    Workspace& c = workspace_or_throw(id);
+    const WorkspaceRef hold = workspace_or_throw(id);
+    Workspace& c = *hold;
     const RmsNormProtocol p = rmsnorm_protocol(protocol);
     nb::gil_scoped_release release;
     return virtual_rmsnorm_bench(c, static_cast<DType>(dtype), tokens, hidden, iters, reps, p,
@@ -446,7 +463,8 @@ NB_MODULE(_jaxll, m) {
         "one_launch"_a = false);
   m.def("virtual_bench", [](int64_t id, int algorithm, int dtype, int op, int64_t count, int iters,
                             int reps, bool one_launch) {
-    Workspace& c = workspace_or_throw(id);
+    const WorkspaceRef hold = workspace_or_throw(id);
+    Workspace& c = *hold;
     nb::gil_scoped_release release;
     return virtual_bench(c, static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
                          static_cast<ReduceOp>(op), count, iters, reps, one_launch);
@@ -465,7 +483,8 @@ NB_MODULE(_jaxll, m) {
         "One-way latency of a flag ping-pong between a block on each device (may be equal).");
 
   m.def("virtual_floor", [](int64_t id, int iters, int reps, bool one_launch) {
-    Workspace& c = workspace_or_throw(id);
+    const WorkspaceRef hold = workspace_or_throw(id);
+    Workspace& c = *hold;
     nb::gil_scoped_release release;
     return virtual_floor(c, iters, reps, one_launch);
   }, "id"_a, "iters"_a, "reps"_a, "one_launch"_a = false);

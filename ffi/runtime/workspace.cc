@@ -4,7 +4,9 @@
 #include <cstddef>
 #include <cstring>
 #include <atomic>
+#include <chrono>
 #include <mutex>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -646,6 +648,7 @@ Workspace::~Workspace() { release(); }
 namespace {
 constexpr int kMaxWorkspaces = 4096;
 std::atomic<Workspace*> g_workspaces[kMaxWorkspaces];
+std::atomic<int> g_holds[kMaxWorkspaces];  // live WorkspaceRefs that found workspace id
 std::mutex g_mu;
 int g_next_id = 1;
 }  // namespace
@@ -661,18 +664,39 @@ int workspace_create(const std::vector<std::vector<int>>& groups, bool virtual_r
   return id;
 }
 
-Workspace* workspace_lookup(int64_t id) {
-  if (id <= 0 || id >= kMaxWorkspaces) return nullptr;
-  return g_workspaces[id].load(std::memory_order_acquire);
+// (sequentially consistent, with the exchange in workspace_free: a hold that
+// found the workspace counted before the exchange, so the free sees it)
+WorkspaceRef::WorkspaceRef(int64_t id) {
+  if (id <= 0 || id >= kMaxWorkspaces) return;
+  g_holds[id].fetch_add(1, std::memory_order_seq_cst);
+  c_ = g_workspaces[id].load(std::memory_order_seq_cst);
+  if (c_ != nullptr) {
+    id_ = id;
+  } else {
+    g_holds[id].fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+WorkspaceRef::~WorkspaceRef() {
+  if (id_ > 0) g_holds[id_].fetch_sub(1, std::memory_order_seq_cst);
 }
 
 bool workspace_free(int64_t id, bool keep_exported) {
-  std::lock_guard<std::mutex> lock(g_mu);
   if (id <= 0 || id >= kMaxWorkspaces) return false;
-  Workspace* c = g_workspaces[id].exchange(nullptr, std::memory_order_acq_rel);
-  if (c != nullptr) c->release(keep_exported);
+  Workspace* c = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    c = g_workspaces[id].exchange(nullptr, std::memory_order_seq_cst);
+  }
+  if (c == nullptr) return false;
+  // (holds are short: a handler's launch, a binding's operation, whose waits
+  // on the devices are bounded by the workspace's timeout)
+  while (g_holds[id].load(std::memory_order_seq_cst) != 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  c->release(keep_exported);
   delete c;
-  return c != nullptr;
+  return true;
 }
 
 void workspace_free_all(bool keep_exported) {

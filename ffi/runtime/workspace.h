@@ -160,13 +160,40 @@ int device_block_bound(int ordinal, bool group_twins = false);
 // The device's UUID as 32 hex digits (tells processes that share a GPU apart).
 std::string device_uuid(int ordinal);
 
-// The registry. Lookups are lock-free (safe from XLA's execution threads);
-// create and free take a lock. Ids are never reused within a process.
+// The registry. Lookups (WorkspaceRef) are lock-free (safe from XLA's
+// execution threads); create and free take a lock. Ids are never reused
+// within a process.
 int workspace_create(const std::vector<std::vector<int>>& groups, bool virtual_ranks,
                 const WorkspaceConfig& config, int max_blocks_agreed = 0);
-Workspace* workspace_lookup(int64_t id);
-// Waits for the workspace's devices to go idle, then frees it (with
-// `keep_exported`, keeps the memory other processes were handed, see
+// A hold on workspace `id` for as long as it lives: get() is the workspace, or
+// null where there is none (never made, or freed). workspace_free waits until
+// every hold that found the workspace is gone, so what a hold found stays
+// valid while it lives, and a hold taken once the free has begun finds none.
+// Every use of a looked-up workspace (an FFI handler's launch, a binding's
+// operation) keeps one for its duration; two atomic operations a hold. A hold
+// must not call workspace_free on its own id (it would wait for itself).
+class WorkspaceRef {
+ public:
+  explicit WorkspaceRef(int64_t id);
+  ~WorkspaceRef();
+  WorkspaceRef(WorkspaceRef&& o) noexcept : id_(o.id_), c_(o.c_) {
+    o.id_ = 0;
+    o.c_ = nullptr;
+  }
+  WorkspaceRef(const WorkspaceRef&) = delete;
+  WorkspaceRef& operator=(const WorkspaceRef&) = delete;
+  WorkspaceRef& operator=(WorkspaceRef&&) = delete;
+  Workspace* get() const { return c_; }
+  Workspace& operator*() const { return *c_; }
+  Workspace* operator->() const { return c_; }
+
+ private:
+  int64_t id_ = 0;  // (0: holds nothing)
+  Workspace* c_ = nullptr;
+};
+// Takes the workspace out of the registry (later holds find none), waits for
+// the holds that found it, then for its devices to go idle, then frees it
+// (with `keep_exported`, keeps the memory other processes were handed, see
 // Workspace::release). False if unknown.
 bool workspace_free(int64_t id, bool keep_exported = false);
 void workspace_free_all(bool keep_exported = false);

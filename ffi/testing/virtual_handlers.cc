@@ -31,8 +31,9 @@ using namespace handlers;
 
 // The virtual-rank workspace `workspace_id` on device `ordinal`, unless it is gone,
 // lives elsewhere or a rank of it has recorded an error.
-ffi::Error find_virtual(int64_t workspace_id, int32_t ordinal, Workspace** out) {
-  Workspace* c = workspace_lookup(workspace_id);
+ffi::Error find_virtual(const WorkspaceRef& hold, int64_t workspace_id, int32_t ordinal,
+                        Workspace** out) {
+  Workspace* c = hold.get();
   if (c == nullptr || !c->virtual_ranks()) {
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                       "jaxll: virtual-rank workspace " + std::to_string(workspace_id) +
@@ -80,7 +81,8 @@ ffi::Error VirtualAllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::An
                                    int64_t algorithm, int64_t op, int64_t skip_rank,
                                    int64_t one_launch) {
   Workspace* c = nullptr;
-  if (ffi::Error e = find_virtual(workspace_id, ordinal, &c); e.failure()) return e;
+  const WorkspaceRef hold(workspace_id);
+  if (ffi::Error e = find_virtual(hold, workspace_id, ordinal, &c); e.failure()) return e;
   const int n = c->group_size();
   if (ffi::Error e = check_call(algorithm, op); e.failure()) return e;
   DType dtype;
@@ -135,7 +137,8 @@ ffi::Error VirtualRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyB
                                  ffi::Result<ffi::AnyBuffer> new_residual, int64_t workspace_id,
                                  float eps, int32_t protocol_code, int64_t one_launch) {
   Workspace* c = nullptr;
-  if (ffi::Error e = find_virtual(workspace_id, ordinal, &c); e.failure()) return e;
+  const WorkspaceRef hold(workspace_id);
+  if (ffi::Error e = find_virtual(hold, workspace_id, ordinal, &c); e.failure()) return e;
   RmsNormProtocol protocol;
   if (ffi::Error e = to_rmsnorm_protocol(protocol_code, &protocol); e.failure()) return e;
   const int n = c->group_size();

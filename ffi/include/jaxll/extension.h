@@ -62,7 +62,11 @@ struct ExtensionApi {
   // Fills *view with the rank of workspace `workspace` on CUDA device `ordinal`.
   // On anything but kExtensionOk writes a message into `error` (at most
   // `error_len` bytes including the terminating NUL). Safe to call from XLA's
-  // execution threads (the workspace registry's lookups take no lock).
+  // execution threads (the workspace registry's lookups take no lock). The
+  // view's memory stays allocated until jaxll.free_workspaces(), which lets
+  // jaxll's own calls that are being launched finish their launch first but
+  // cannot see an extension's: free a workspace only when no extension call
+  // that got its view is still to launch.
   int (*get_rank_view)(int64_t workspace, int ordinal, RankView* view, char* error,
                        size_t error_len);
   // Fills *view with rank `rank` of group `group` of workspace `workspace`,
