@@ -273,18 +273,23 @@ def test_hundred_meshes_then_free_and_rebuild_without_memory_growth():
   assert before - after_free < 4 << 20, (before, after_free)
 
 
-def test_compiled_function_outliving_its_workspace_fails_clearly():
-  gpu = jax.devices("cuda")[0]
-  mesh = Mesh(np.array([gpu]), ("x",))
+def _chain_on_one_gpu(steps, **jit_kw):
+  """A jitted chain of `steps` all-reduces (each + 1) on a one-GPU mesh, and
+  its input's sharding."""
+  mesh = Mesh(np.array([jax.devices("cuda")[0]]), ("x",))
 
   def body(v):
-    for _ in range(6):
+    for _ in range(steps):
       v = jaxll.all_reduce(v, "x", algorithm="oneshot_ll") + 1
     return v
 
-  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")),
-              donate_argnums=0)
-  x = jax.device_put(np.zeros(256, np.float32), NamedSharding(mesh, P("x")))
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")), **jit_kw)
+  return f, NamedSharding(mesh, P("x"))
+
+
+def test_compiled_function_outliving_its_workspace_fails_clearly():
+  f, sharding = _chain_on_one_gpu(6, donate_argnums=0)
+  x = jax.device_put(np.zeros(256, np.float32), sharding)
   compiled = f.lower(x).compile()
   for _ in range(5):
     x = compiled(x)
@@ -294,7 +299,7 @@ def test_compiled_function_outliving_its_workspace_fails_clearly():
     np.asarray(compiled(x))
   assert "FAILED_PRECONDITION" in str(e.value)
   # a new compilation builds a new workspace and runs
-  x = jax.device_put(np.zeros(256, np.float32), NamedSharding(mesh, P("x")))
+  x = jax.device_put(np.zeros(256, np.float32), sharding)
   assert float(np.asarray(f(x))[0]) == 6.0
 
 
@@ -306,16 +311,7 @@ def test_free_workspaces_while_another_thread_runs_calls():
   # right values, fails cleanly (its workspace was freed) or returns a poisoned
   # output; nothing crashes or hangs, and a call after the last free builds a
   # new workspace and is right
-  gpu = jax.devices("cuda")[0]
-  mesh = Mesh(np.array([gpu]), ("x",))
-
-  def body(v):
-    for _ in range(4):
-      v = jaxll.all_reduce(v, "x", algorithm="oneshot_ll") + 1
-    return v
-
-  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
-  sharding = NamedSharding(mesh, P("x"))
+  f, sharding = _chain_on_one_gpu(4)
   outcomes = {"right": 0, "freed": 0, "poisoned": 0}
   other = []
   stop = threading.Event()
