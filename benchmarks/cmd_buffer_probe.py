@@ -1,7 +1,7 @@
 """Does XLA put jaxll's custom calls into command buffers (CUDA graphs)?
 
 For a jitted chain of K custom calls, prints the time per call in steady state
-(jaxll.bench.steady_per_call_us) for the no-op FFI call (jaxll_noop) and for
+(jaxll.tools.bench.timing.steady_per_call_us) for the no-op FFI call (jaxll_noop) and for
 jaxll.all_reduce on a one-device mesh. Run it
 under different XLA_FLAGS to compare, e.g. with command buffers off:
 XLA_FLAGS=--xla_gpu_enable_command_buffer=
@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxll
-from jaxll.bench import steady_per_call_us
+from jaxll.tools.bench.timing import steady_per_call_us
 
 K, RUNS, REPS = 200, 20, 9
 

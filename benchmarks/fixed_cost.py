@@ -33,15 +33,15 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxll  # noqa: E402
-import jaxll.testing as jt  # noqa: E402
+from jaxll.tools import testing as jt  # noqa: E402
 
 BARRIER_FREE = ["oneshot_ll", "oneshot_sentinel", "twoshot_ll", "twoshot_sentinel"]
 
 
 def steady_per_call_us(fn, arg, calls: int, runs: int, reps: int,
                        feedback: bool = True) -> float:
-  # The method of jaxll.bench.steady_per_call_us, repeated here because this
-  # script also measures builds older than it (the "before" side). feedback:
+  # The method of jaxll.tools.bench.timing.steady_per_call_us, repeated here so that
+  # the script's timing is the same whichever jaxll build it measures. feedback:
   # each run takes the previous run's (donated) output, as a training loop
   # carries its state; `arg` itself is copied first, never consumed.
   first = jax.numpy.copy(arg)

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# The measurements behind benchmarks/README.md's "fixed cost" section, in one
-# device session: builds the baseline (a source tree in BASE, e.g. `git archive`
-# of the commit before the change) and this tree side by side, then
-#   1. benchmarks/fixed_cost.py on both (kernel minus graph floor, N = 1/2/4/8,
+# The fixed-cost measurements of docs/performance.md in one run on a GPU
+# machine: builds this tree (and, with BASE=/path/to/another/tree, that tree
+# side by side as a baseline, timed with its own benchmarks/fixed_cost.py), then
+#   1. "fc": benchmarks/fixed_cost.py (kernel minus graph floor, N = 1/2/4/8,
 #      8 B and 4 KiB, and the one-GPU-mesh jitted step against the empty call),
-#      the new tree with programmatic dependent launch on and off;
-#   2. jaxll.bench, virtual ranks and 2 / 8 jax.distributed processes sharing
-#      the GPU (MPS), 4 KiB, steady state;
+#      this tree with programmatic dependent launch on and off;
+#   2. "bench": jaxll.tools.bench, virtual ranks and 2 / 8 jax.distributed
+#      processes sharing the GPU (MPS), 4 KiB, steady state;
 #   3. "regress": large messages on virtual ranks (64 KiB .. 64 MiB, N = 2 and
-#      8, f32), against the committed sweep: no regression above 64 KiB;
+#      8, f32);
 #   4. "sweep": a virtual-rank sweep 8 B .. 64 MiB, N = 2/4/8, f32 + bf16 (input
 #      for benchmarks/tune_auto.py).
 # Results in OUT (default /tmp/fixed_cost_out); STEPS picks steps (default all:
-# "fc bench regress sweep"), so the run fits the time slots at hand.
+# "fc bench regress sweep").
 #
-#   BASE=/path/to/old/tree benchmarks/fixed_cost_run.sh [OUT]
+#   BASE=/path/to/baseline/tree benchmarks/fixed_cost_run.sh [OUT]
 #   STEPS=sweep benchmarks/fixed_cost_run.sh [OUT]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,19 +32,19 @@ if [ -z "${SKIP_BUILD:-}" ]; then  # SKIP_BUILD=1: /tmp/fc_new (and /tmp/fc_base
 fi
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; } >> "$LOG"
 if step fc && [ -n "${BASE:-}" ]; then
-  PYTHONPATH=/tmp/fc_base timeout 300 python3 benchmarks/fixed_cost.py --label before --pdl 1 \
-    --json "$OUT/fc_before.json" >> "$LOG" 2>&1
+  PYTHONPATH=/tmp/fc_base timeout 300 python3 "$BASE/benchmarks/fixed_cost.py" --label baseline \
+    --pdl 1 --json "$OUT/fc_baseline.json" >> "$LOG" 2>&1
 fi
-step fc && PYTHONPATH=/tmp/fc_new timeout 400 python3 benchmarks/fixed_cost.py --label after --pdl 1 0 \
-  --json "$OUT/fc_after.json" >> "$LOG" 2>&1
-step bench && PYTHONPATH=/tmp/fc_new timeout 400 python3 -P -m jaxll.bench --mode virtual processes \
+step fc && PYTHONPATH=/tmp/fc_new timeout 400 python3 benchmarks/fixed_cost.py --label this --pdl 1 0 \
+  --json "$OUT/fc_this.json" >> "$LOG" 2>&1
+step bench && PYTHONPATH=/tmp/fc_new timeout 400 python3 -P -m jaxll.tools.bench --mode virtual processes \
   --ranks 2 8 --procs 2 8 --sizes 4K --algorithms oneshot_ll oneshot_sentinel --reps 9 \
   --json "$OUT/bench_4k.json" >> "$LOG" 2>&1
-step regress && PYTHONPATH=/tmp/fc_new timeout 300 python3 -P -m jaxll.bench --mode virtual \
+step regress && PYTHONPATH=/tmp/fc_new timeout 300 python3 -P -m jaxll.tools.bench --mode virtual \
   --ranks 2 8 --no-sol --reps 5 --sizes 64K 1M 16M 64M \
   --algorithms oneshot_ll oneshot_sentinel twoshot_ll twoshot_sentinel \
   --json "$OUT/regress.json" >> "$LOG" 2>&1
-step sweep && PYTHONPATH=/tmp/fc_new timeout 500 python3 -P -m jaxll.bench --mode virtual --ranks 2 4 8 \
+step sweep && PYTHONPATH=/tmp/fc_new timeout 500 python3 -P -m jaxll.tools.bench --mode virtual --ranks 2 4 8 \
   --dtypes float32 bfloat16 --no-sol --reps 5 \
   --sizes 8 32 128 512 2K 8K 32K 128K 512K 2M 8M 32M 64M --json "$OUT/sweep.json" >> "$LOG" 2>&1
 echo "steps done:$STEPS" >> "$LOG"

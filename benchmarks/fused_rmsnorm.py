@@ -14,12 +14,12 @@ residual are new buffers and XLA records its command buffers again at every
 run (on one H200 that bound the steps of 2 processes and of virtual ranks, not
 those of 8 processes); --donate keeps the addresses, XLA replays the recorded
 command buffers and the device bounds the steps. Runs in N
-jax.distributed processes (jaxll.launch; they share GPU 0 where there are fewer
+jax.distributed processes (jaxll.tools.launch; they share GPU 0 where there are fewer
 GPUs), shapes of decode steps (tokens x hidden). --profile adds the device
 time per kernel of one run of each chain (process 0, JAX's profiler).
 
 --virtual N[,N...] runs the same two chains in this one process on N virtual
-ranks of GPU 0 instead (jaxll.testing: every call forks onto the N ranks'
+ranks of GPU 0 instead (jaxll.tools.testing: every call forks onto the N ranks'
 streams, or with --launch one runs all N ranks as one kernel launch, one graph
 node instead of a fork, N kernels and a join; --launch streams,one does both,
 a row each; the composed step is the virtual all-reduce (--composed, or the
@@ -77,7 +77,7 @@ def protocol_serves(n: int, tokens: int, hidden: int, protocol: str) -> bool:
   some (asked of the kernel by one untimed call, which raises ValueError)."""
   if protocol in ("auto", "ll"):
     return True
-  from jaxll import testing
+  from jaxll.tools import testing
   try:
     testing.rmsnorm_kernel_time_us(n, tokens, hidden, iters=1, reps=1, protocol=protocol)
   except ValueError:
@@ -119,10 +119,10 @@ def worker(opts) -> None:
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from jaxll import launch
+  from jaxll.tools import launch
   launch.init_worker()
   import jaxll
-  from jaxll import fused
+  from jaxll import rmsnorm as fused
 
   n = jax.device_count()
   mesh = jax.make_mesh((n,), ("tp",))
@@ -178,7 +178,7 @@ def worker(opts) -> None:
           xs, r = f(xs, r, w)
         r.block_until_ready()
       if jax.process_index() == 0:
-        from jaxll import kernel_profile
+        from jaxll.tools import profile as kernel_profile
         ktimes = kernel_profile.kernel_times(traced, f"/tmp/jaxll_fused_trace_{os.getpid()}")
         steps = 2 * opts.chain
         row[f"{name}_kernels"] = {kernel_profile.short_name(k): [c / steps, t / steps]
@@ -256,7 +256,9 @@ def virtual_rows(opts) -> list[dict]:
   import jax.numpy as jnp
   import numpy as np
 
-  from jaxll import algorithms, fused, testing
+  from jaxll import algorithms, choice
+  from jaxll import rmsnorm as fused
+  from jaxll.tools import testing
 
   try:
     dev = jax.devices("cuda")[0]
@@ -286,7 +288,7 @@ def virtual_rows(opts) -> list[dict]:
     # and size; a virtual call needs one named)
     ar = opts.composed
     if ar == "auto":
-      ar = algorithms.choose_auto(n, tokens * hidden * 2, np.dtype(jnp.bfloat16), "sum")[0]
+      ar = choice.choose_auto(n, tokens * hidden * 2, np.dtype(jnp.bfloat16), "sum")[0]
       ar = "oneshot_ll" if ar == algorithms.XLA else ar
     row["composed_algorithm"] = ar
 
@@ -395,7 +397,7 @@ def main() -> None:
   if opts.worker:
     worker(opts)
     return
-  from jaxll import launch
+  from jaxll.tools import launch
   args = ["--worker", "--chain", str(opts.chain), "--runs", str(opts.runs),
           "--reps", str(opts.reps), "--shapes", ",".join(f"{t}x{h}" for t, h in opts.shapes),
           "--fused", ",".join(opts.fused), "--composed", opts.composed] + (["--cpu"] if opts.cpu else []) + (

@@ -1,13 +1,12 @@
 """All-gather and reduce-scatter kernels on virtual ranks (one GPU): kernel time
 minus the CUDA-graph floor per call, the LL16 and sentinel kernels against the
-barrier baseline, side by side in one run (issue 16's target: LL at least 1.5x faster
-for pieces of up to 4 KiB per rank).
+barrier baseline, side by side in one run.
 
 For each (N, bytes per rank piece, collective) the three algorithms are
 measured in --passes interleaved passes of --reps graph replays (--iters calls
 each); the median of all samples is kept, the graph of empty kernels measured
 the same way is the floor. The speed of light (on one GPU: 2 L2 round trips +
-one remote store; jaxll.bench.probe_sol) is probed in the same run and printed
+one remote store; jaxll.tools.bench.sol.probe_sol) is probed in the same run and printed
 next to the LL16 kernel's time above the floor.
 
   python benchmarks/gather_scatter.py --json out.json
@@ -21,8 +20,8 @@ import statistics
 import jax
 
 import jaxll
-import jaxll.bench
-import jaxll.testing as jt
+from jaxll.tools.bench.sol import probe_sol
+from jaxll.tools import testing as jt
 
 ALGORITHMS = ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier")
 
@@ -40,7 +39,7 @@ def main() -> None:
   opts = p.parse_args()
   dev = jax.devices("cuda")[0]
   rows = []
-  sol = jaxll.bench.probe_sol(dev.local_hardware_id, opts.reps)
+  sol = probe_sol(dev.local_hardware_id, opts.reps)
   print(f"# all_gather / psum_scatter kernels on {dev.device_kind}, jax {jax.__version__}, "
         f"{opts.dtype} pieces of `bytes` per rank; "
         f"kernel minus graph floor, us (median of {opts.passes} x {opts.reps}); speed of light "

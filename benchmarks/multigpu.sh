@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The multi-GPU runs (issue 6) on one host with several GPUs, in steps short
+# The multi-GPU runs on one host with several GPUs, in steps short
 # enough for one 10-minute slot each. Results go to OUT (default
 # benchmarks/results/multigpu). Never enables NVLink multicast.
 #
@@ -17,11 +17,11 @@ case "$step" in
   bench)
     n=${2:?bench needs the GPU count}; OUT=${3:-benchmarks/results/multigpu}; mkdir -p "$OUT"
     PYTHONPATH="${JAXLL_SITE:-/tmp/jaxll-site}${PYTHONPATH:+:$PYTHONPATH}" \
-      python3 -m jaxll.bench --mode local --gpus "$n" --dtypes float32 bfloat16 \
+      python3 -m jaxll.tools.bench --mode local --gpus "$n" --dtypes float32 bfloat16 \
       --json "$OUT/local_n$n.json" --plot "$OUT/local_n$n.png" 2>&1 | tee "$OUT/local_n$n.txt" ;;
   tune)
     OUT=${2:-benchmarks/results/multigpu}
     PYTHONPATH="${JAXLL_SITE:-/tmp/jaxll-site}${PYTHONPATH:+:$PYTHONPATH}" \
-      python3 benchmarks/tune_auto.py "$OUT"/local_n*.json --from-local --out jaxll/auto_table.json ;;
+      python3 benchmarks/tune_auto.py "$OUT"/local_n*.json --from-local --out src/jaxll/tuning/all_reduce.json ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac

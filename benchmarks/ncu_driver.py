@@ -4,8 +4,8 @@
       python benchmarks/ncu_driver.py --ranks 1 oneshot_ll:8 oneshot_sentinel:4096
 
 Each ALGORITHM:BYTES point is run as a CUDA graph of --iters calls replayed
---reps times (jaxll.testing.kernel_time_us); fused:TOKENSxHIDDEN runs the fused
-all-reduce + RMSNorm kernel the same way (bf16; jaxll.testing.rmsnorm_kernel_time_us,
+--reps times (jaxll.tools.testing.kernel_time_us); fused:TOKENSxHIDDEN runs the fused
+all-reduce + RMSNorm kernel the same way (bf16; jaxll.tools.testing.rmsnorm_kernel_time_us,
 kernel name rmsnorm_kernel). ncu serialises kernels, so only --ranks 1 gives
 representative per-kernel figures.
 """
@@ -14,7 +14,7 @@ import os
 
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
-import jaxll.testing as jt  # noqa: E402
+from jaxll.tools import testing as jt  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--ranks", type=int, default=1)

@@ -1,9 +1,9 @@
-"""Builds jaxll's auto table (jaxll/auto_table.json) from benchmark measurements.
+"""Builds jaxll's auto table (src/jaxll/tuning/all_reduce.json) from benchmark measurements.
 
-  python -m jaxll.bench --mode virtual --ranks 2 4 8 --dtypes float32 bfloat16 \
+  python -m jaxll.tools.bench --mode virtual --ranks 2 4 8 --dtypes float32 bfloat16 \
       --algorithms oneshot_ll oneshot_sentinel twoshot_ll twoshot_sentinel \
       --json sweep.json
-  python benchmarks/tune_auto.py sweep.json [more.json ...] --out jaxll/auto_table.json
+  python benchmarks/tune_auto.py sweep.json [more.json ...] --out src/jaxll/tuning/all_reduce.json
 
 Inputs may also be benchmarks/fixed_cost.py JSONs (their float32 kernel rows).
 
@@ -16,7 +16,7 @@ so the crossover to it (``--xla-above``) is an input, not a measurement, until
 multi-GPU runs measure it; the table's "source" says so.
 
 With ``--from-local`` the table comes from local-mode runs on real GPUs instead
-(``python -m jaxll.bench --mode local --gpus 2 4 8 ...``, which times every
+(``python -m jaxll.tools.bench --mode local --gpus 2 4 8 ...``, which times every
 algorithm and XLA's all-reduce as jitted per-call time side by side): kernels
 are ranked by that time, and each group size's crossover to XLA is measured:
 XLA serves the sizes from the first one after which it is fastest at every
@@ -132,7 +132,7 @@ def dumps_table(table: dict) -> str:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("inputs", nargs="+", help="JSON files written by python -m jaxll.bench --json")
+  p.add_argument("inputs", nargs="+", help="JSON files written by python -m jaxll.tools.bench --json")
   p.add_argument("--out", required=True, help="where to write the table")
   p.add_argument("--margin", type=float, default=0.05,
                  help="keep the previous size's winner while within this fraction of the "

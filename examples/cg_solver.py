@@ -16,7 +16,7 @@ residual histories.
   python examples/cg_solver.py --grid 4096 --iters 2000 --processes 4
 
 Devices as in tp_decode.py: all local GPUs, or 8 CPU devices where there is
-none, or --processes N (jaxll.launch; N processes sharing GPU 0 where there
+none, or --processes N (jaxll.tools.launch; N processes sharing GPU 0 where there
 are fewer GPUs, where the psum run is skipped: XLA's NCCL cannot pair them).
 """
 

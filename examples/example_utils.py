@@ -1,6 +1,6 @@
 """What the workload examples share: picking the devices (all local GPUs, or 8
 CPU devices where there is none), re-running a script in N jax.distributed
-processes through jaxll.launch, replicated arrays built without cross-process
+processes through jaxll.tools.launch, replicated arrays built without cross-process
 transfers, and the --processes / --json plumbing."""
 
 import json
@@ -12,7 +12,7 @@ import sys
 def add_common_args(parser):
   parser.add_argument("--collective", choices=("psum", "jaxll", "both"), default="both")
   parser.add_argument("--processes", type=int, default=0,
-                      help="run in N local jax.distributed processes (jaxll.launch): one "
+                      help="run in N local jax.distributed processes (jaxll.tools.launch): one "
                            "GPU each where there are N, else all sharing GPU 0")
   parser.add_argument("--json", default=None, help="write the report here")
   parser.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
@@ -45,7 +45,7 @@ def main(opts, run, print_report, script):
     _setup(opts)
     report = run(opts)
     if opts.worker:
-      from jaxll import launch
+      from jaxll.tools import launch
       launch.report(report)
       return report
   print_report(report)
@@ -71,12 +71,12 @@ def _setup(opts):
     except RuntimeError:
       jax.config.update("jax_platforms", "cpu")
   if opts.worker:
-    from jaxll import launch
+    from jaxll.tools import launch
     launch.init_worker()
 
 
 def _launch(opts, script):
-  from jaxll import launch
+  from jaxll.tools import launch
   n, gpus = opts.processes, _gpu_count()
   devices = ([str(i) for i in range(n)] if gpus >= n else ["0"] * n) if gpus else None
   shared = devices is not None and len(set(devices)) < n
@@ -125,7 +125,7 @@ def line_up(opts):
   still compiles (XLA's autotuning runs on the GPU, slowly where other processes
   keep it busy) would give up on that peer."""
   if opts.worker:
-    from jaxll import launch
+    from jaxll.tools import launch
     launch.barrier()
 
 

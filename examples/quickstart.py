@@ -68,7 +68,7 @@ def main():
           f"{site.algorithm} ({site.reason})")
 
   if gpus:
-    import jaxll.testing as jt
+    from jaxll.tools import testing as jt
     n = 8
     rows = np.random.default_rng(1).standard_normal((n, 1024)).astype(np.float32)
     out = np.asarray(jt.virtual_all_reduce(rows))

@@ -21,7 +21,7 @@ the report shows as the first difference).
 
 Devices: all local GPUs, or 8 CPU devices where there is none (every
 all-reduce is then XLA's), or with --processes N, N local processes joined by
-jax.distributed through jaxll.launch (one GPU each if there are N, else all on
+jax.distributed through jaxll.tools.launch (one GPU each if there are N, else all on
 GPU 0 under CUDA MPS). XLA's all-reduce (NCCL) cannot pair processes that
 share one GPU, so there the psum run is skipped and said so.
 """
@@ -232,7 +232,7 @@ def run(opts):
     in all kernels; None where the trace has no GPU kernels (CPU)."""
     import os
 
-    from jaxll import kernel_profile
+    from jaxll.tools import profile as kernel_profile
 
     caches = jax.block_until_ready(new_cache())  # (their zero fill is not traced)
 

@@ -74,7 +74,7 @@ def mesh2(cpu_devices):
 def mps():
   """One CUDA MPS daemon for every multi-process run of a test module, where MPS
   exists (False elsewhere)."""
-  from jaxll import launch
+  from jaxll.tools import launch
   if not launch.mps_available():
     yield False
     return

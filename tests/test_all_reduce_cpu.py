@@ -5,7 +5,7 @@ JAX-level behaviour (results, check_vma typing, grad, vmap, multi-axis meshes,
 many call sites, errors, path reporting) independently of the kernels.
 """
 
-import re
+import sys
 import types
 
 import jax
@@ -16,7 +16,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxll
-from jaxll import algorithms, lowering
+from jaxll import algorithms, placement
+
+ALL_REDUCE = sys.modules["jaxll.all_reduce"]  # (the module; jaxll.all_reduce is the function)
 
 REFERENCE = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin,
              "mean": jax.lax.pmean}
@@ -264,17 +266,17 @@ def test_virtual_ranks_need_a_gpu():
   from conftest import HAS_GPU
   if HAS_GPU:
     pytest.skip("a GPU is present")
-  import jaxll.testing
+  import jaxll.tools.testing
   with pytest.raises(RuntimeError, match="need a CUDA GPU|without its CUDA kernels"):
-    jaxll.testing.virtual_all_reduce(np.ones((2, 3), np.float32))
+    jaxll.tools.testing.virtual_all_reduce(np.ones((2, 3), np.float32))
 
 
 def test_virtual_one_launch_runs_every_rank():
   # one launch holds every rank's blocks: a skipped rank (fault injection) is
   # refused before any GPU is looked for
-  import jaxll.testing
+  import jaxll.tools.testing
   with pytest.raises(ValueError, match="one_launch runs every rank"):
-    jaxll.testing.virtual_all_reduce(np.ones((2, 3), np.float32), one_launch=True, _skip_rank=1)
+    jaxll.tools.testing.virtual_all_reduce(np.ones((2, 3), np.float32), one_launch=True, _skip_rank=1)
 
 
 @pytest.mark.parametrize("one_launch", [False, True])
@@ -283,7 +285,7 @@ def test_virtual_calls_lower_with_their_attributes(monkeypatch, one_launch, comm
   # the virtual all-reduce and fused calls lowered for CUDA (no GPU: the
   # workspace lookup stood in for): one_launch reaches the custom call as the
   # 64-bit integer the FFI handlers declare, beside the other attributes
-  import jaxll.testing as jt
+  from jaxll.tools import testing as jt
   monkeypatch.setattr(jt, "virtual_workspace", lambda n, device=None, config=None:
                       types.SimpleNamespace(id=7))
   x = jax.ShapeDtypeStruct((2, 3, 64), np.float32)
@@ -302,184 +304,6 @@ def test_virtual_calls_lower_with_their_attributes(monkeypatch, one_launch, comm
   code = algorithms.RMSNORM_PROTOCOL_CODES["sentinel"]
   for attr in ("workspace = 7 : i64", f"protocol = {code} : i32", f"one_launch = {int(one_launch)} : i64"):
     assert attr in text, text
-
-
-def _kernel_call_chains(text: str) -> list[list[tuple[str, str]]]:
-  """(result, order operand) of each jaxll_all_reduce custom call in the
-  lowered text, grouped into chains: a call whose order operand is the order
-  result (#1) of an earlier call continues that call's chain."""
-  calls = re.findall(r"(%[\w]+):2 = stablehlo\.custom_call @jaxll_all_reduce\((%[\w#]+), (%[\w#]+)\)",
-                     text)
-  chains, tail = [], {}
-  for result, _, order in calls:
-    if order in tail:
-      chain = tail.pop(order)
-    else:
-      chain = []
-      chains.append(chain)
-    chain.append((result, order))
-    tail[f"{result}#1"] = chain
-  return chains
-
-
-def test_kernel_calls_are_chained_in_program_order(mesh1, monkeypatch):
-  # Every kernel call reads and advances the workspace's epochs, so the calls of
-  # one block take and return an order buffer that chains them in program order
-  # (XLA may otherwise reorder independent calls, or run them side by side in a
-  # concurrent command buffer). Lowering only: CPU cannot run the kernels, so the
-  # path decision is forced to a kernel here.
-  monkeypatch.setattr(lowering, "decide", lambda ctx, aval, axes, op, requested:
-                      lowering.Decision("oneshot_ll", "forced by the test", 7, 8))
-
-  def body(a, b):
-    outs = [jaxll.all_reduce(a, "tp"), jaxll.all_reduce(b, "tp"), jaxll.all_reduce(a * 2, "tp")]
-    loop = jax.lax.fori_loop(0, 3, lambda i, v: jaxll.all_reduce(jaxll.all_reduce(v, "tp"), "tp"), b)
-    return (*outs, loop, jaxll.all_reduce(b * 3, "tp"))
-
-  f = jax.jit(jax.shard_map(body, mesh=mesh1, in_specs=(P("tp"), P("tp")),
-                            out_specs=(P(),) * 5, check_vma=False))
-  x = _put(mesh1, np.ones((8,), np.float32), P("tp"))
-  text = f.lower(x, x).as_text()
-  chains = _kernel_call_chains(text)
-  # the first three calls of the function body form one chain, in program
-  # order; the loop body's two calls their own; the call after the loop
-  # continues the first chain through a join with the loop (see
-  # test_kernel_calls_stay_ordered_across_loops_and_conditionals)
-  assert sorted(len(c) for c in chains) == [1, 2, 3], chains
-  # the body's chain starts at the program's host check (which runs first), the
-  # loop body's and the call after the loop at a join (a custom call XLA keeps,
-  # unlike an optimization barrier, which it removes after scheduling)
-  starts = {}
-  for chain in chains:
-    first = re.escape(chain[0][1].split("#")[0])
-    if re.search(rf"{first} = stablehlo\.custom_call @jaxll_check", text):
-      starts[len(chain)] = "check"
-    elif re.search(rf"{first} = stablehlo\.custom_call @jaxll_join", text):
-      starts[len(chain)] = "join"
-  assert starts == {3: "check", 2: "join", 1: "join"}, (starts, chains)
-  assert "optimization_barrier" not in text
-  assert text.count("@jaxll_all_reduce(") == 6
-
-
-def _top_level_deps(text: str):
-  """(ops, deps) of the block that holds the host check (the shard_map body) in
-  lowered text: ops is [(result, op name)] in program order, deps maps a
-  result name to the names it uses directly (for a loop or conditional: its
-  operands)."""
-  lines = text.splitlines()
-  start = next(i for i, line in enumerate(lines) if "@jaxll_check" in line)
-  indent = len(lines[start]) - len(lines[start].lstrip())
-  ops, deps = [], {}
-  for line in lines[start:]:
-    here = len(line) - len(line.lstrip())
-    if line.strip() and here < indent:
-      break
-    m = re.match(r"(%[\w]+)(?::\d+)? = \"?([\w.]+)\"?(.*)", line.strip())
-    if here != indent or not m:
-      continue
-    result, name, rest = m.groups()
-    rest = rest.split(" : ", 1)[0] if name != "stablehlo.while" else rest.split(")", 1)[0]
-    if name == "stablehlo.custom_call":
-      name = "call " + re.match(r" @(\w+)", rest).group(1)
-    ops.append((result, name))
-    deps[result] = {u.split("#")[0] for u in re.findall(r"%[\w]+(?:#\d+)?", rest)}
-  return ops, deps
-
-
-def _reaches(deps, start, target) -> bool:
-  seen, todo = set(), [start]
-  while todo:
-    v = todo.pop()
-    if v == target:
-      return True
-    if v not in seen:
-      seen.add(v)
-      todo.extend(deps.get(v, ()))
-  return False
-
-
-def test_kernel_calls_stay_ordered_across_loops_and_conditionals(mesh1, monkeypatch):
-  # A loop or conditional that holds kernel calls (JAX often outlines a loop
-  # body into a function called with func.call) must run after the calls before
-  # it and before the calls after it: the conjugate-gradient pattern (a dot
-  # product, the iteration loop, a norm after it) otherwise lets XLA run the
-  # norm before or beside the loop.
-  monkeypatch.setattr(lowering, "decide", lambda ctx, aval, axes, op, requested:
-                      lowering.Decision("oneshot_ll", "forced by the test", 7, 8))
-
-  def ar(v):
-    return jaxll.all_reduce(v, "tp")
-
-  def body(a, b):
-    c1 = ar(a)
-    loop = jax.lax.fori_loop(0, 3, lambda i, v: ar(ar(v)), b)
-    c2 = ar(b * 2)
-    branch = jax.lax.cond(a[0] > 0, lambda v: ar(v) + 1, lambda v: ar(v * 2), b)
-    scanned, _ = jax.lax.scan(lambda c, x: (ar(c) + x, None), b, jnp.ones((2,) + b.shape))
-    c3 = ar(a * 3)
-    return c1, loop, c2, branch, scanned, c3
-
-  f = jax.jit(jax.shard_map(body, mesh=mesh1, in_specs=(P("tp"), P("tp")),
-                            out_specs=(P(),) * 6, check_vma=False))
-  x = _put(mesh1, np.ones((8,), np.float32), P("tp"))
-  text = f.lower(x, x).as_text()
-  ops, deps = _top_level_deps(text)
-  holders = [r for r, name in ops
-             if name in ("call jaxll_all_reduce", "stablehlo.while", "stablehlo.case")]
-  kinds = [dict(ops)[r] for r in holders]
-  assert kinds == ["call jaxll_all_reduce", "stablehlo.while", "call jaxll_all_reduce",
-                   "stablehlo.case", "stablehlo.while", "call jaxll_all_reduce"], kinds
-  for before, after in zip(holders, holders[1:]):
-    assert _reaches(deps, after, before), (after, "does not depend on", before)
-  # each outlined loop body starts its chain after the body's arguments
-  for fn in re.findall(r"func\.func private @(closed_call\w*)\(", text):
-    fbody = text.split(f"func.func private @{fn}(", 1)[1].split("\n  }", 1)[0]
-    first = re.search(r"@jaxll_all_reduce\((%[\w#]+), (%[\w#]+)\)", fbody).group(2)
-    assert re.search(rf"{first.split('#')[0]} = stablehlo\.custom_call @jaxll_join\(%c, %arg0",
-                     fbody), fbody
-  # a join that stands for an operand of a loop or conditional aliases it (no
-  # copy); one that makes an order value does not
-  joins = re.findall(r"stablehlo\.custom_call @jaxll_join\(([^)]*)\)([^\n]*)", text)
-  assert joins and "optimization_barrier" not in text
-  aliased = [rest for _, rest in joins if "output_operand_aliases" in rest]
-  assert aliased and len(aliased) < len(joins), joins
-
-
-def test_program_starts_with_one_host_check_of_every_workspace(mesh1, monkeypatch):
-  # XLA replays command buffers without calling jaxll, so a program with kernel
-  # calls starts with one host-only jaxll_check that lists every workspace its
-  # calls use (it fails the run if one holds an error or was freed). Lowering
-  # only, as above: two call sites forced onto workspaces 7 and 9, one of them
-  # inside a loop.
-  ids = iter([7, 9, 7, 9])
-  monkeypatch.setattr(lowering, "decide", lambda ctx, aval, axes, op, requested:
-                      lowering.Decision("oneshot_ll", "forced by the test", next(ids), 8))
-
-  def body(a):
-    a = jaxll.all_reduce(a, "tp")
-    a = jax.lax.fori_loop(0, 2, lambda i, v: jaxll.all_reduce(v, "tp"), a)
-    return jaxll.all_reduce(jaxll.all_reduce(a, "tp"), "tp")
-
-  f = jax.jit(jax.shard_map(body, mesh=mesh1, in_specs=P("tp"), out_specs=P(),
-                            check_vma=False))
-  text = f.lower(_put(mesh1, np.ones((8,), np.float32), P("tp"))).as_text()
-  checks = re.findall(r"stablehlo\.custom_call @jaxll_check\(\).*", text)
-  assert len(checks) == 1, checks
-  assert "has_side_effect = true" in checks[0]
-  assert re.search(r"workspaces = dense<\[7, 9\]> : tensor<2xi64>", checks[0]), checks[0]
-  # it comes first in the shard_map body, outside the loop
-  assert text.index("@jaxll_check") < text.index("@jaxll_all_reduce")
-  assert text.index("@jaxll_check") < text.index("stablehlo.while")
-  # and its result starts the order chain of the body's calls, so it runs first
-  name = re.search(r"(%[\w#]+) = stablehlo\.custom_call @jaxll_check", text).group(1)
-  first = re.search(r"stablehlo\.custom_call @jaxll_all_reduce\(([^)]*)\)", text).group(1)
-  assert first.split(", ")[1] == name, (first, name)
-
-
-def test_no_host_check_without_kernel_calls(mesh1):
-  f = jax.jit(jax.shard_map(lambda a: jaxll.all_reduce(a, "tp"), mesh=mesh1, in_specs=P("tp"),
-                            out_specs=P(), check_vma=False))
-  assert "jaxll_check" not in f.lower(_put(mesh1, np.ones((8,), np.float32), P("tp"))).as_text()
 
 
 @pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
@@ -529,7 +353,7 @@ def test_disable_sends_even_a_forced_kernel_to_xla(mesh1, monkeypatch, caplog):
   # off means off
   for off in ("0", "false", "no", "off", ""):
     monkeypatch.setenv("JAXLL_DISABLE", off)
-    with pytest.raises(lowering.AlgorithmUnavailableError):
+    with pytest.raises(placement.AlgorithmUnavailableError):
       jax.jit(jax.shard_map(lambda v: jaxll.all_reduce(v, "tp", algorithm="oneshot_ll"),
                             mesh=mesh1, in_specs=P("tp"), out_specs=P())).lower(x)
 
@@ -540,14 +364,14 @@ def test_a_workspace_cuda_refuses_is_a_reason_not_a_crash(monkeypatch, caplog):
   from jaxll import workspace
   gpus = [[types.SimpleNamespace(id=i, platform="gpu", process_index=0, local_hardware_id=i)
            for i in range(2)]]
-  monkeypatch.setattr(lowering, "ext", types.SimpleNamespace(max_ranks=16))
-  monkeypatch.setattr(lowering, "_peers_reachable", lambda groups: None)
+  monkeypatch.setattr(placement, "ext", types.SimpleNamespace(max_ranks=16))
+  monkeypatch.setattr(placement, "_peers_reachable", lambda groups: None)
 
   def refuse(ordinals, device_ids, **kw):
     raise RuntimeError("allocating the workspace: out of memory")
   monkeypatch.setattr(workspace, "get_workspace", refuse)
   with caplog.at_level("WARNING", logger="jaxll"):
-    ws_id, problem = lowering._workspace_for_groups(gpus)
+    ws_id, problem = placement.workspace_for_groups(gpus)
   assert ws_id == 0
   assert problem == ("the workspace for GPUs [0, 1] could not be built: allocating the "
                      "workspace: out of memory")
@@ -557,7 +381,7 @@ def test_a_workspace_cuda_refuses_is_a_reason_not_a_crash(monkeypatch, caplog):
     raise ValueError("JAXLL_ON_ERROR must be 'poison' or 'trap'")
   monkeypatch.setattr(workspace, "get_workspace", bad_setting)
   with pytest.raises(ValueError, match="JAXLL_ON_ERROR"):
-    lowering._workspace_for_groups(gpus)
+    placement.workspace_for_groups(gpus)
 
 
 def test_ll128_atomic_needs_native_peer_atomics_between_a_process_gpus(monkeypatch):
@@ -570,13 +394,13 @@ def test_ll128_atomic_needs_native_peer_atomics_between_a_process_gpus(monkeypat
   def peer_native_atomics(a, b):
     asked.append((a, b))
     return native[(a, b)]
-  monkeypatch.setattr(lowering, "ext", types.SimpleNamespace(peer_native_atomics=peer_native_atomics))
-  assert lowering._peer_atomics([[dev(0), dev(1)]]) is None
-  problem = lowering._peer_atomics([[dev(0), dev(1)], [dev(0), dev(2)]])
+  monkeypatch.setattr(placement, "ext", types.SimpleNamespace(peer_native_atomics=peer_native_atomics))
+  assert placement.peer_atomics_problem([[dev(0), dev(1)]]) is None
+  problem = placement.peer_atomics_problem([[dev(0), dev(1)], [dev(0), dev(2)]])
   assert problem is not None and "GPU 0" in problem and "GPU 2" in problem and "PCIe" in problem
   # another process's GPUs are not asked about (this process cannot see them)
   asked.clear()
-  assert lowering._peer_atomics([[dev(0), dev(2, proc=1)]]) is None
+  assert placement.peer_atomics_problem([[dev(0), dev(2, proc=1)]]) is None
   assert asked == []
 
 
@@ -587,160 +411,3 @@ def test_explain_knows_the_group_size_on_cpu(mesh2):
                             check_vma=False))
   sites = jaxll.explain(f, _put(mesh2, np.ones((8,), np.float32), P(("dp", "tp"))))
   assert [s.group_size for s in sites] == [4, 2, 8]
-
-
-def _tp_block(x, w_in, w_out, reduce, copy):
-  h = copy(x)
-  a = jnp.tanh(h @ w_in)          # column-parallel
-  return reduce(a @ w_out)        # row-parallel partial sums, all-reduced over tp
-
-
-# the replica groups of the (dp, tp) = (2, 4) mesh's axes, as jax before 0.11
-# writes them (jax 0.11 names the mesh axes instead)
-_MESH2_GROUPS = {"[[0, 1, 2, 3], [4, 5, 6, 7]]": "tp", "[[0, 4], [1, 5], [2, 6], [3, 7]]": "dp",
-                 "[[0, 1, 2, 3, 4, 5, 6, 7]]": "dp,tp"}
-
-
-def _all_reduces(text):
-  """(mesh axes reduced over, tagged by jaxll) of every all-reduce in lowered
-  text on the (dp, tp) mesh."""
-  out = []
-  for chunk in text.split('"stablehlo.all_reduce"')[1:]:
-    attrs = chunk[:chunk.index("({")]
-    dense = re.search(r"replica_groups = dense<(.*?)>", attrs)
-    groups = (_MESH2_GROUPS.get(dense.group(1), dense.group(1)) if dense else
-              ",".join(re.findall(r'axis_ref<name = "(\w+)"', attrs)))
-    end = chunk.index("}) ")
-    out.append((groups, "jaxll_call" in chunk[end:end + 2000].split("\n")[0]))
-  return out
-
-
-@pytest.mark.parametrize("check_vma", [True, False])
-def test_tp_block_backward_reductions_go_through_jaxll(mesh2, check_vma):
-  # A Megatron-style block on (dp, tp) = (2, 4), differentiated with respect to
-  # its input and both weights. With jax.lax.psum, the backward reduction of the
-  # activation entering the column-parallel layer is JAX's own psum (the
-  # transpose of an implicit pvary). With copy_to_parallel_region and
-  # reduce_from_parallel_region every tp reduction of forward and backward is a
-  # jaxll call site, and the gradients are psum's bit for bit (both lower to
-  # XLA here).
-  rng = np.random.default_rng(0)
-  x = rng.standard_normal((4, 16)).astype(np.float32)
-  w_in = rng.standard_normal((16, 32)).astype(np.float32)
-  w_out = rng.standard_normal((32, 16)).astype(np.float32)
-  specs = (P("dp", None), P(None, "tp"), P("tp", None))
-
-  def step(reduce, copy):
-    def loss(x, w_in, w_out):
-      y = _tp_block(x, w_in, w_out, reduce, copy)
-      return jax.lax.psum(jnp.sum(y * y), "dp")
-    body = jax.shard_map(jax.grad(loss, argnums=(0, 1, 2)), mesh=mesh2, in_specs=specs,
-                         out_specs=specs, check_vma=check_vma)
-    return jax.jit(body)
-
-  args = [_put(mesh2, a, s) for a, s in zip((x, w_in, w_out), specs)]
-  ref = step(lambda v: jax.lax.psum(v, "tp"), lambda v: v)
-  mine = step(lambda v: jaxll.reduce_from_parallel_region(v, "tp"),
-              lambda v: jaxll.copy_to_parallel_region(v, "tp"))
-  for g, r in zip(mine(*args), ref(*args)):
-    np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
-  tp = "tp"
-  mine_tp = [tagged for groups, tagged in _all_reduces(mine.lower(*args).as_text())
-             if groups == tp]
-  ref_tp = [tagged for groups, tagged in _all_reduces(ref.lower(*args).as_text())
-            if groups == tp]
-  assert mine_tp and all(mine_tp), mine_tp           # every tp reduction is jaxll's
-  assert len(mine_tp) == len(ref_tp), (mine_tp, ref_tp)  # and none was added
-  if check_vma:
-    assert len(mine_tp) == 2  # forward, and the activation gradient backward
-
-
-def _reduce_helper(v):
-  return jaxll.all_reduce(v, "tp")
-
-
-def test_call_sites_through_a_helper_name_their_callers(mesh1):
-  def body(v):
-    a = _reduce_helper(v)
-    return _reduce_helper(a * 2)
-
-  f = jax.jit(jax.shard_map(body, mesh=mesh1, in_specs=P("tp"), out_specs=P()))
-  sites = [s.site for s in jaxll.explain(f, _put(mesh1, np.ones((8,), np.float32), P("tp")))]
-  assert len(sites) == 2 and sites[0] != sites[1], sites
-  for s in sites:
-    helper, caller = s.split(" <- ")
-    assert "(_reduce_helper)" in helper and caller.endswith("body)"), s
-
-
-# --- A tensor-parallel model: forward, backward, decode loop ------------------------------
-
-@pytest.mark.parametrize("check_vma", [True, False])
-@pytest.mark.parametrize("variant", ["helpers", "route"])
-def test_tp_model_every_tp_reduction_goes_through_jaxll(mesh2, variant, check_vma):
-  # tests/tp_model.py on (dp, tp) = (2, 4): forward, the gradient of a loss
-  # reduced over dp (input and both weights), and an 8-step decode loop
-  # (fori_loop). Written with the region helpers or with psum inside
-  # jaxll.route_psums, every tp reduction of each program is a jaxll call site
-  # (none missing, none added against the psum version); with route_psums the
-  # dp reductions are too. Results equal psum's bit for bit (XLA on both sides
-  # here) and the float64 reference within float32 rounding (gradients: with
-  # check_vma, where psum's gradients are the math's).
-  import tp_model as tm
-  w_in, w_out, x = tm.init()
-  args = tm.place(mesh2, w_in, w_out, x)
-  refs = tm.programs(mesh2, "psum", check_vma=check_vma)
-  mine = tm.programs(mesh2, variant, check_vma=check_vma)
-  want64 = (tm.ref_forward(w_in, w_out, x), tm.ref_grad(w_in, w_out, x),
-            tm.ref_decode(w_in, w_out, x))
-  tp = "tp"
-  for name, f, ref, w64 in zip(("forward", "grad", "decode"), mine, refs, want64):
-    got, want = f(*args), ref(*args)
-    for g, r, r64 in zip(jax.tree.leaves(got), jax.tree.leaves(want), jax.tree.leaves(w64)):
-      np.testing.assert_array_equal(np.asarray(g), np.asarray(r), err_msg=name)
-      if check_vma or name != "grad":  # (without check_vma psum's gradients are not the
-        # math's: its transpose sums the replicated cotangent over tp once more)
-        np.testing.assert_allclose(np.asarray(g), r64, rtol=1e-4, atol=1e-4, err_msg=name)
-    reductions = _all_reduces(f.lower(*args).as_text())
-    ref_reductions = _all_reduces(ref.lower(*args).as_text())
-    mine_tp = [tagged for groups, tagged in reductions if groups == tp]
-    assert mine_tp and all(mine_tp), (name, reductions)
-    assert len(mine_tp) == len([1 for groups, _ in ref_reductions if groups == tp]), name
-    if variant == "route":
-      assert all(tagged for _, tagged in reductions), (name, reductions)
-      assert len(reductions) == len(ref_reductions), name
-    sites = jaxll.explain(f, *args)
-    assert len(tm.tp_sites(sites)) == len(mine_tp), (name, sites)
-
-
-def test_route_psums_keeps_psum_semantics(mesh1):
-  # pytrees in and out, keyword arguments, a psum in a scan and in a cond, a
-  # psum over no tp data (a constant) and pmax (left alone); jit outside or
-  # inside the scope gives the same program.
-  def body(d, *, scale):
-    def step(c, v):
-      return c + jax.lax.psum(v, "tp"), jax.lax.pmax(v, "tp")
-    total, maxes = jax.lax.scan(step, jnp.zeros(3), d["a"])
-    picked = jax.lax.cond(total[0] > 0, lambda v: jax.lax.psum(v * 2, "tp"),
-                          lambda v: jax.lax.psum(v, "tp"), d["b"])
-    return {"total": total * scale, "maxes": maxes, "picked": picked,
-            "n": jax.lax.psum(1, "tp")}
-
-  def f(d, *, scale, name="tp"):
-    assert name == "tp"  # a non-array argument reaches fun as it was passed
-    return jax.shard_map(lambda v: body(v, scale=scale), mesh=mesh1,
-                         in_specs=({"a": P(None, "tp"), "b": P("tp")},),
-                         out_specs={"total": P(), "maxes": P(), "picked": P(), "n": P()})(d)
-
-  d = {"a": _put(mesh1, _random((5, 24), np.float32), P(None, "tp")),
-       "b": _put(mesh1, _random((16,), np.float32), P("tp"))}
-  want = jax.jit(f)(d, scale=2.0)
-  for routed in (jax.jit(jaxll.route_psums(f), static_argnames="name"),
-                 jaxll.route_psums(jax.jit(f, static_argnames="name"))):
-    got = routed(d, scale=2.0, name="tp")
-    for key in want:
-      np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]), err_msg=key)
-  text = jax.jit(jaxll.route_psums(f)).lower(d, scale=2.0).as_text()
-  sums = [tagged for _, tagged in _all_reduces(text)]
-  assert sum(sums) == 3, sums  # the scan's and both branches' psums; pmax is XLA's own
-  with pytest.raises(ValueError, match="unknown algorithm"):
-    jaxll.route_psums(f, algorithm="fastest")

@@ -1,4 +1,4 @@
-"""CPU tier: the benchmark CLI's argument handling and output format (no GPU)."""
+"""CPU tier: the benchmark's argument handling and output format (no GPU)."""
 
 import argparse
 import json
@@ -7,38 +7,38 @@ import sys
 
 import pytest
 
-from jaxll import bench
+from jaxll.tools.bench import cli, modes, report, timing, units
 
 
 @pytest.mark.parametrize("text, value", [("8", 8), ("4K", 4096), ("64KiB", 65536),
                                          ("1M", 1 << 20), ("256MB", 256 << 20), ("3000", 3000)])
 def test_parse_size(text, value):
-  assert bench.parse_size(text) == value
+  assert units.parse_size(text) == value
 
 
 @pytest.mark.parametrize("text", ["", "K", "4Q", "-8", "0", "1.5K", "0x10", "1_000"])
 def test_parse_size_rejects(text):
   with pytest.raises(argparse.ArgumentTypeError):  # (what argparse reports as a usage error)
-    bench.parse_size(text)
+    units.parse_size(text)
 
 
 def test_format_size():
-  assert bench.format_size(8) == "8 B"
-  assert bench.format_size(4096) == "4 KiB"
-  assert bench.format_size(3000) == "3000 B"
-  assert bench.format_size(256 << 20) == "256 MiB"
+  assert units.format_size(8) == "8 B"
+  assert units.format_size(4096) == "4 KiB"
+  assert units.format_size(3000) == "3000 B"
+  assert units.format_size(256 << 20) == "256 MiB"
 
 
 def test_defaults_and_quick():
-  args = bench.parse_args([])
+  args = cli.parse_args([])
   assert args.sizes[0] == 8 and args.sizes[-1] == 256 << 20
   assert {12, 3000, 100_000} <= set(args.sizes)
   assert args.algorithms[0] == "auto" and "oneshot_ll" in args.algorithms
   assert args.mode == ["virtual", "local"] and args.ranks == [8]
-  quick = bench.parse_args(["--quick"])
-  assert quick.sizes == bench.QUICK_SIZES and quick.reps <= 5 and quick.chain <= 50
+  quick = cli.parse_args(["--quick"])
+  assert quick.sizes == units.QUICK_SIZES and quick.reps <= 5 and quick.chain <= 50
   assert quick.runs <= 5 and args.chain == 200 and args.runs == 20 and args.procs == [2]
-  mine = bench.parse_args(["--quick", "--sizes", "1K", "8", "--ranks", "2", "4",
+  mine = cli.parse_args(["--quick", "--sizes", "1K", "8", "--ranks", "2", "4",
                            "--algorithms", "oneshot_ll", "--mode", "virtual"])
   assert mine.sizes == [8, 1024] and mine.ranks == [2, 4] and mine.algorithms == ["oneshot_ll"]
 
@@ -56,7 +56,7 @@ def test_defaults_and_quick():
 ])
 def test_bad_arguments_exit_with_message(argv, message, capsys):
   with pytest.raises(SystemExit) as e:
-    bench.parse_args(argv)
+    cli.parse_args(argv)
   assert e.value.code == 2
   assert message in capsys.readouterr().err
 
@@ -84,7 +84,7 @@ _SOL = {"device": "NVIDIA H200", "l2_rtt_us": 0.136, "pingpong_one_way_us": 0.23
 
 
 def test_table_format():
-  text = bench.format_table(_records(), _SOL, bench.parse_args([]))
+  text = report.format_table(_records(), _SOL, cli.parse_args([]))
   lines = text.splitlines()
   assert "one __threadfence()) 0.136 us" in lines[0] and "SoL 0.367 us" in lines[0]
   assert "FFI custom-call floor 1.00 us/call (steady state: x)" in lines[1]
@@ -107,7 +107,7 @@ def test_table_format():
 
 
 def test_summary_ratio():
-  summary = bench.summarize(_records(), _SOL)
+  summary = report.summarize(_records(), _SOL)
   ratio = summary["kernel_above_floor_over_sol"]["virtual N=8 float32 4 KiB oneshot_ll"]
   assert ratio == pytest.approx(1.4 / 0.367)
   # the multi-process cost above its floor against the same-size virtual kernel's
@@ -131,13 +131,13 @@ def _sweep():
 
 
 def test_pivot_and_barrier_ratio():
-  text = bench.format_pivot(_sweep())
+  text = report.format_pivot(_sweep())
   lines = text.splitlines()
   assert lines[0] == "kernel us per call, virtual, N=8, float32"
   assert "oneshot_ll" in lines[1] and "twoshot_sentinel" in lines[1] and "auto" not in lines[1].split()[1:-2]
   row = next(l for l in lines if l.strip().startswith("8 B"))
   assert "3.00" in row and "6.00" in row and row.endswith("oneshot_ll")
-  summary = bench.summarize(_sweep(), None)
+  summary = report.summarize(_sweep(), None)
   assert summary["oneshot_barrier_over_best_barrier_free"]["virtual N=8 float32 8 B"] == 2.0
   assert summary["twoshot_barrier_over_best_barrier_free"]["virtual N=8 float32 8 B"] == 1.5
   assert "virtual N=8 float32 1 MiB" not in summary["oneshot_barrier_over_best_barrier_free"]
@@ -150,24 +150,24 @@ def test_tune_auto_builds_a_valid_table(tmp_path):
     import tune_auto
   finally:
     sys.path.pop(0)
-  from jaxll import algorithms
+  from jaxll import choice
   table = tune_auto.build_table(_sweep(), {"default": 1 << 20}, "test sweep")
   rows = table["tables"]["8"]["float32"]
   # atomic and barrier kernels are never candidates; equal rankings merge
   assert rows == [[8192, ["oneshot_ll", "twoshot_sentinel"]],
                   [1 << 62, ["twoshot_sentinel", "oneshot_ll"]]]
-  algorithms.set_auto_table(table)
+  choice.set_auto_table(table)
   try:
-    assert algorithms.choose_auto(8, 100, __import__("numpy").dtype("float32"), "sum")[0] == "oneshot_ll"
-    assert algorithms.choose_auto(8, 1 << 20, __import__("numpy").dtype("float32"), "sum")[0] == "twoshot_sentinel"
+    assert choice.choose_auto(8, 100, __import__("numpy").dtype("float32"), "sum")[0] == "oneshot_ll"
+    assert choice.choose_auto(8, 1 << 20, __import__("numpy").dtype("float32"), "sum")[0] == "twoshot_sentinel"
   finally:
-    algorithms.set_auto_table(None)
+    choice.set_auto_table(None)
 
 
 def test_plot_writes_png(tmp_path):
   pytest.importorskip("matplotlib")
   out = tmp_path / "p.png"
-  bench.plot(_records(), _SOL, str(out))
+  report.plot(_records(), _SOL, str(out))
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -175,34 +175,34 @@ def test_cli_without_gpu_says_so(tmp_path):
   from conftest import HAS_GPU
   if HAS_GPU:
     pytest.skip("a GPU is present")
-  out = subprocess.run([sys.executable, "-m", "jaxll.bench", "--quick", "--json",
+  out = subprocess.run([sys.executable, "-m", "jaxll.tools.bench", "--quick", "--json",
                         str(tmp_path / "x.json")], capture_output=True, text=True,
                        cwd=tmp_path, timeout=300)
-  assert out.returncode == 0
-  assert "no CUDA GPU" in out.stdout
+  assert out.returncode == 1  # (it measured nothing)
+  assert "measured nothing: JAX sees no CUDA GPU" in out.stderr
   # the report asked for is written, and says why it holds nothing
   report = json.loads((tmp_path / "x.json").read_text())
   assert report["measured"] is False and "no CUDA GPU" in report["reason"]
 
 
 def test_json_report(tmp_path):
-  args = bench.parse_args(["--quick", "--json", str(tmp_path / "r.json")])
-  doc = json.loads(json.dumps(bench.report({"gpu": "X"}, args, _SOL, _records())))
+  args = cli.parse_args(["--quick", "--json", str(tmp_path / "r.json")])
+  doc = json.loads(json.dumps(report.report({"gpu": "X"}, args, _SOL, _records())))
   assert set(doc) == {"machine", "config", "sol", "summary", "results"}
-  assert "json" not in doc["config"] and doc["config"]["sizes"] == bench.QUICK_SIZES
+  assert "json" not in doc["config"] and doc["config"]["sizes"] == units.QUICK_SIZES
   assert doc["results"][0]["kernel_us"] == 2.5
   assert "kernel_above_floor_over_sol" in doc["summary"]
 
 
 def test_local_mode_meshes_over_the_first_n_devices(cpu_devices):
   # local mode's logic on CPU devices (every call lowers to XLA there)
-  args = bench.parse_args(["--mode", "local", "--gpus", "4", "2", "16", "--sizes", "8", "4K",
+  args = cli.parse_args(["--mode", "local", "--gpus", "4", "2", "16", "--sizes", "8", "4K",
                            "--algorithms", "xla", "auto", "--chain", "2", "--reps", "1"])
-  assert bench.local_gpu_counts(args, 8) == [2, 4]  # 16 are not there
-  assert bench.local_gpu_counts(bench.parse_args([]), 8) == [8]
-  assert bench.local_gpu_counts(bench.parse_args([]), 1) == []
+  assert modes.local_gpu_counts(args, 8) == [2, 4]  # 16 are not there
+  assert modes.local_gpu_counts(cli.parse_args([]), 8) == [8]
+  assert modes.local_gpu_counts(cli.parse_args([]), 1) == []
   seen = []
-  records = bench.bench_local(args, seen.append, cpu_devices)
+  records = modes.bench_local(args, seen.append, cpu_devices)
   assert [(r["ranks"], r["bytes"], r["algorithm"]) for r in records] == [
       (n, b, a) for n in (2, 4) for b in (8, 4096) for a in ("xla", "auto")]
   assert len(seen) == len(records)
@@ -213,7 +213,7 @@ def test_local_mode_meshes_over_the_first_n_devices(cpu_devices):
 
 def test_gpus_argument_is_checked(capsys):
   with pytest.raises(SystemExit):
-    bench.parse_args(["--gpus", "1"])
+    cli.parse_args(["--gpus", "1"])
   assert "--gpus must be in 2.." in capsys.readouterr().err
 
 
@@ -243,7 +243,7 @@ def test_tune_auto_from_local_measures_the_crossover(tmp_path):
     import tune_auto
   finally:
     sys.path.pop(0)
-  from jaxll import algorithms
+  from jaxll import choice
   above, warnings = tune_auto.measured_crossover(_local_sweep(), margin=0.05)
   # N=8: XLA is fastest from 16 MiB on (and at 8 B, which is warned about)
   assert above == {"8": int((1 << 20) * 4), "2": 1 << 62}
@@ -256,24 +256,24 @@ def test_tune_auto_from_local_measures_the_crossover(tmp_path):
   table = json.loads(out.read_text())
   assert table["xla_above_bytes"] == {"default": 1 << 20, "8": 4 << 20, "2": 1 << 62}
   assert "crossover to XLA measured for N in [2, 8]" in table["source"]
-  algorithms.set_auto_table(table)
+  choice.set_auto_table(table)
   try:
     f32 = np.dtype("float32")
-    assert algorithms.choose_auto(8, 4096, f32, "sum")[0] == "oneshot_ll"
-    assert algorithms.choose_auto(8, 1 << 20, f32, "sum")[0] == "twoshot_sentinel"
-    assert algorithms.choose_auto(8, 16 << 20, f32, "sum")[0] == "xla"
-    assert algorithms.choose_auto(2, 256 << 20, f32, "sum")[0] == "oneshot_ll"
+    assert choice.choose_auto(8, 4096, f32, "sum")[0] == "oneshot_ll"
+    assert choice.choose_auto(8, 1 << 20, f32, "sum")[0] == "twoshot_sentinel"
+    assert choice.choose_auto(8, 16 << 20, f32, "sum")[0] == "xla"
+    assert choice.choose_auto(2, 256 << 20, f32, "sum")[0] == "oneshot_ll"
   finally:
-    algorithms.set_auto_table(None)
+    choice.set_auto_table(None)
 
 
 
 def test_collective_argument_and_its_algorithms(capsys):
-  args = bench.parse_args(["--collective", "all_gather"])
+  args = cli.parse_args(["--collective", "all_gather"])
   from jaxll import gather_scatter
   assert args.algorithms == list(gather_scatter.ALGORITHMS)
   with pytest.raises(SystemExit):
-    bench.parse_args(["--collective", "psum_scatter", "--algorithms", "twoshot_ll"])
+    cli.parse_args(["--collective", "psum_scatter", "--algorithms", "twoshot_ll"])
   assert "--collective psum_scatter takes --algorithms from" in capsys.readouterr().err
 
 
@@ -281,16 +281,16 @@ def test_collective_argument_and_its_algorithms(capsys):
 def test_local_mode_times_gather_and_scatter_chains(cpu_devices, collective):
   # local mode's chains of the other collectives on CPU devices (XLA's
   # collectives there); the chain step keeps one rank's piece
-  args = bench.parse_args(["--mode", "local", "--gpus", "4", "--sizes", "8", "4K",
+  args = cli.parse_args(["--mode", "local", "--gpus", "4", "--sizes", "8", "4K",
                            "--collective", collective, "--algorithms", "xla", "auto",
                            "--chain", "2", "--reps", "1"])
-  records = bench.bench_local(args, lambda rec: None, cpu_devices)
+  records = modes.bench_local(args, lambda rec: None, cpu_devices)
   assert [(r["bytes"], r["algorithm"]) for r in records] == [
       (b, a) for b in (8, 4096) for a in ("xla", "auto")]
   for r in records:
     assert r["status"] == "ok" and r["collective"] == collective and r["jit_us"] > 0
     assert r["path"] == "xla" and r["speedup_vs_psum"] > 0
-  assert "collective: " + collective in bench.format_table(records, None, args)
+  assert "collective: " + collective in report.format_table(records, None, args)
 
 
 @pytest.mark.parametrize("shape", [(12,), (4, 3)], ids=["1d", "2d"])
@@ -304,7 +304,7 @@ def test_chain_steps_keep_the_piece_and_compute_the_collective(cpu_devices, shap
   mesh = jax.make_mesh((4,), ("x",), devices=cpu_devices[:4])
   x = jax.device_put(np.arange(4 * 3, dtype=np.float32).reshape(shape),
                      NamedSharding(mesh, P("x")))
-  run = lambda c: np.asarray(jax.jit(jax.shard_map(bench.chain_step(c, "auto", 4), mesh=mesh,
+  run = lambda c: np.asarray(jax.jit(jax.shard_map(timing.chain_step(c, "auto", 4), mesh=mesh,
                                                    in_specs=P("x"), out_specs=P("x")))(x))
   first = np.arange(3, dtype=np.float32)  # rank 0's piece
   whole = np.arange(12, dtype=np.float32).reshape(4, 3).sum(0)  # every rank's w, summed

@@ -111,7 +111,7 @@ def test_extension_api_capsule():
                 ("register_loader", register_fn)]
 
   table = Table.from_address(get_pointer(capsule, b"jaxll.extension_api"))
-  assert table.version == 4 and table.rank_view_bytes > 0
+  assert table.version == 5 and table.rank_view_bytes > 0
   error = ctypes.create_string_buffer(512)
   view = ctypes.create_string_buffer(table.rank_view_bytes)
   assert table.get_rank_view(10 ** 6, 0, view, error, 512) == 1  # kExtensionNoWorkspace
@@ -123,7 +123,7 @@ def test_extension_api_capsule():
   # here without a GPU) and kept for later builds; this one only counts its runs
   calls = []
   _LOADERS.append(loader_fn(lambda ordinal, carveout, err, n: calls.append(ordinal) or 0))
-  built = jaxll._ext.ext.workspace_ids()
+  built = jaxll.native.ext.workspace_ids()
   assert table.register_loader(_LOADERS[-1], error, 512) == 0
   assert bool(calls) == bool(built), (calls, built)
 
@@ -139,21 +139,29 @@ def test_layering_rules_hold_in_the_sources():
   device API includes only itself and system headers; (2) the kernels order and
   poll scratch only through it (no global-memory ordering PTX or relaxed/acquire
   helpers of their own; the fused kernel's cluster-shared-memory asm is its own);
-  (3) no runtime file but the bindings (module.cc) includes a test tool."""
+  (3) the runtime includes no test tool, and the test tools reach the runtime
+  only through the extension API and two header-only helpers."""
   import re
   api = _sources(os.path.join("include", "jaxll"), ".h", ".cuh")
   assert api
   for name, text in api.items():
     for inc in re.findall(r'#include\s+"([^"]+)"', text):
       assert inc.startswith("jaxll/") and os.path.basename(inc) in api, (name, inc)
-  kernels = _sources("kernels", ".cu", ".cuh", ".h")
+  kernels = _sources("kernels", ".cu", ".cuh", ".h", ".cc")
   assert "all_reduce_twoshot_atomic.cu" in kernels
   own = re.compile(r"\.(sys|gpu)\.global|\bred\.|\b(ld|st)_(relaxed|acquire|release)\w*\s*\("
                    r"[^;{]*\)\s*\{|\bsentinel_(present|canonicalize)\w*\s*\([^;{]*\)\s*\{")
   for name, text in kernels.items():
     found = own.search(text)
     assert not found, (name, found.group(0))
-  for name, text in _sources("runtime", ".cc", ".h").items():
-    if name != "module.cc":
-      assert "testing/" not in "".join(re.findall(r'#include\s+"([^"]+)"', text)), name
-      assert "jaxll_virtual_" not in text, name  # (the testing handlers live in ffi/testing)
+    assert not re.search(r'#include\s+"(runtime|testing)/', text), name
+  runtime = _sources("runtime", ".cc", ".h")
+  for name, text in runtime.items():
+    assert not re.search(r'#include\s+"testing/', text), name
+    assert "jaxll_virtual_" not in text, name  # (the testing handlers live in ffi/testing)
+  header_only = {"runtime/handler_table.h", "runtime/ffi_support.h"}
+  for name in header_only:
+    assert os.path.basename(name).replace(".h", ".cc") not in runtime, name
+  for name, text in _sources("testing", ".cc", ".cu", ".h").items():
+    used = set(re.findall(r'#include\s+"(runtime/[^"]+)"', text))
+    assert used <= header_only, (name, used - header_only)

@@ -255,11 +255,11 @@ def test_auto_takes_the_measured_kernel_within_the_crossover(mesh1, monkeypatch,
                                                        group, want):
   # Lowered for CUDA (no GPU needed) with the workspace lookup forced; the
   # crossover is all_reduce's (JAXLL_AUTO_MAX_BYTES pins it here)
-  from jaxll import lowering
+  from jaxll import placement
   monkeypatch.setenv("JAXLL_AUTO_MAX_BYTES", str(1 << 20))
-  monkeypatch.setattr(lowering, "group_size", lambda ctx, axes: group)
+  monkeypatch.setattr(placement, "group_size", lambda ctx, axes: group)
   made = []  # (auto decides the size before it builds a workspace)
-  monkeypatch.setattr(lowering, "workspace_for",
+  monkeypatch.setattr(placement, "workspace_for",
                       lambda ctx, axes: made.append(axes) or (7, group, ""))
   fn = {"all_gather": lambda v: jaxll.all_gather(v, "tp", tiled=True),
         "psum_scatter": lambda v: jaxll.psum_scatter(v, "tp", tiled=True)}[op]
@@ -276,24 +276,27 @@ def test_auto_takes_the_measured_kernel_within_the_crossover(mesh1, monkeypatch,
 
 
 def test_auto_kernel_choice_follows_the_measured_crossovers():
-  # SENTINEL_FROM's rows: LL16 below the measured piece size, sentinel from it;
-  # group sizes between the measured ones take the nearest measured one below
-  from jaxll import gather_scatter as gs
-  pick = lambda op, n, piece, dt: gs.choose_auto(
+  # the tuning table's rows (jaxll/tuning/gather_scatter.json): LL16 below the
+  # measured piece size, sentinel from it; group sizes between the measured
+  # ones take the nearest measured one below
+  from jaxll import choice
+  pick = lambda op, n, piece, dt: choice.gather_scatter_auto(
       op, n, piece * (1 if op == "all_gather" else n), dt)[0]
-  for (op, width), row in gs.SENTINEL_FROM.items():
-    dt = np.float32 if width == 4 else jnp.bfloat16
-    for n, start in row.items():
-      if start is None:
-        assert pick(op, n, 65536, dt) == "oneshot_ll"
-        continue
-      assert pick(op, n, start // 2, dt) == "oneshot_ll", (op, width, n)
-      assert pick(op, n, start, dt) == "oneshot_sentinel", (op, width, n)
+  table = choice.tuning("gather_scatter")["sentinel_from_bytes"]
+  for op, widths in table.items():
+    for width, row in widths.items():
+      dt = np.float32 if width == "4" else jnp.bfloat16
+      for n, start in ((int(n), start) for n, start in row.items()):
+        if start is None:
+          assert pick(op, n, 65536, dt) == "oneshot_ll"
+          continue
+        assert pick(op, n, start // 2, dt) == "oneshot_ll", (op, width, n)
+        assert pick(op, n, start, dt) == "oneshot_sentinel", (op, width, n)
   assert pick("all_gather", 3, 4096, np.float32) == "oneshot_sentinel"  # as N=2
   assert pick("all_gather", 7, 4096, np.float32) == "oneshot_ll"        # as N=4
   assert pick("all_gather", 7, 32768, np.float32) == "oneshot_sentinel"
   assert pick("all_gather", 8, 32768, np.int32) == "oneshot_ll"
-  kernel, why = gs.choose_auto("psum_scatter", 8, 8 * 32768, np.float32)
+  kernel, why = choice.gather_scatter_auto("psum_scatter", 8, 8 * 32768, np.float32)
   assert kernel == "oneshot_sentinel" and "32768" in why, why
 
 
@@ -301,8 +304,8 @@ def test_auto_kernel_choice_follows_the_measured_crossovers():
 def test_sentinel_request_lowers_for_floating_types_only(mesh1, monkeypatch, dtype, ok):
   # Lowered for CUDA with the workspace lookup forced: the sentinel kernel's
   # code for floating types; int32 (all ones is a valid int32) refused clearly
-  from jaxll import algorithms, lowering
-  monkeypatch.setattr(lowering, "workspace_for", lambda ctx, axes: (7, 8, ""))
+  from jaxll import algorithms, placement
+  monkeypatch.setattr(placement, "workspace_for", lambda ctx, axes: (7, 8, ""))
   x = _put(mesh1, np.zeros((8 * 16,), dtype), P("tp"))
   f = jax.jit(jax.shard_map(lambda v: jaxll.all_gather(v, "tp", tiled=True,
                                                        algorithm="oneshot_sentinel"),

@@ -2,7 +2,7 @@
 different calls, poisoned-looking inputs, workspaces created, freed and reset
 in loops; on virtual ranks (N ranks on one GPU, one stream each) and with
 jax.distributed processes sharing the GPU (tests/mp_scripts/fault_checks.py).
-What each fault looks like to the user is in benchmarks/README.md, "Faults".
+What each fault looks like to the user is in docs/faults.md.
 Marked ``gpu``."""
 
 import os
@@ -20,9 +20,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxll
-import jaxll.testing as jt
-from jaxll import algorithms, launch
-from jaxll._ext import ext
+from jaxll.tools import testing as jt
+from jaxll import algorithms
+from jaxll.tools import launch
+from jaxll.native import ext
 from mp_checks import GPU_ENV, TIMEOUT
 
 pytestmark = pytest.mark.gpu
@@ -85,11 +86,11 @@ def test_late_rank_below_the_timeout_succeeds(algorithm):
 @pytest.mark.parametrize("kernels", [1, 2])
 @pytest.mark.parametrize("n", [4, 8])
 def test_late_rank_behind_a_second_kernel_is_not_starved(n, kernels):
-  """The session-6 hang, at the runtime level: the last rank's call waits behind
+  """A starved late rank, at the runtime level: the last rank's call waits behind
   one-thread delay kernels, queued after the other ranks' calls (a grid at the
   bound each) are resident and spin. A kernel whose shared-memory configuration
   differs from the one of the SMs the spinning blocks hold was seen never to
-  start (standalone harness, benchmarks/README.md, "Faults"); with one carveout
+  start (docs/faults.md); with one carveout
   for every jaxll and testing kernel (JAXLL_SMEM_CARVEOUT, default 0) it starts.
   With JAXLL_SMEM_CARVEOUT=-1 (the driver's choice per kernel) this test is
   expected to time out."""
@@ -264,8 +265,8 @@ def test_hundred_meshes_then_free_and_rebuild_without_memory_growth():
   after = ext.device_memory_free(o)
   assert len(jaxll.workspaces()) == ws_before  # every mesh over this GPU shares one
   assert before - after < 4 << 20, (before, after)
-  # free and rebuild 20 times: the scratch is returned, only the headers (1 KiB
-  # per rank, from a 256 KiB chunk) stay
+  # free and rebuild 20 times: the scratch is returned, only the headers (4 KiB
+  # per rank, from a 1 MiB chunk) stay
   for i in range(20):
     jaxll.free_workspaces()
     one_mesh(200 + i)

@@ -17,7 +17,7 @@ import pytest
 
 import jax.numpy as jnp
 import jaxll
-import jaxll.testing as jt
+from jaxll.tools import testing as jt
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,7 @@ Skipped, with the reason, where fewer GPUs are visible. Marked ``gpu``."""
 import jax
 import pytest
 
-from jaxll import launch
+from jaxll.tools import launch
 from mp_checks import CHECKS, GPU_ENV as ENV, TIMEOUT, describe, verify
 
 pytestmark = pytest.mark.gpu

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from jaxll import launch
+from jaxll.tools import launch
 from mp_checks import CHECKS, GPU_ENV, TIMEOUT, TP_BLOCK, describe, verify
 
 pytestmark = pytest.mark.gpu
@@ -32,7 +32,7 @@ def test_processes_share_the_gpu(n, mps):
 def test_independent_calls_under_concurrency_flags(flags, mps):
   # The checks' stress section runs 24 independent call sites of one program on
   # one workspace; under these flags XLA may reorder or overlap independent
-  # work, so only the order chain (jaxll/lowering.py) keeps every process's
+  # work, so only the order chain (jaxll/ordering.py) keeps every process's
   # calls in one order, one at a time.
   workers = launch.run(CHECKS, 2, args=["--steps", "100", "--stress", "200"], timeout=TIMEOUT,
                        env=dict(ENV, XLA_FLAGS=flags), mps=mps, devices=["0"] * 2)

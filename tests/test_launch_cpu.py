@@ -1,4 +1,4 @@
-"""The multi-process launcher (jaxll.launch) on CPU, and the pure logic of
+"""The multi-process launcher (jaxll.tools.launch) on CPU, and the pure logic of
 workspaces that span processes."""
 
 import os
@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from jaxll import distributed, launch
+from jaxll import distributed
+from jaxll.tools import launch
 from mp_checks import CHECKS, verify
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,11 +28,11 @@ def test_two_processes_join_and_reduce():
 def test_failed_worker_is_reported_with_output():
   with pytest.raises(launch.LaunchError, match="process 1 exited with 3") as e:
     launch.run(WORKER, 2, args=["fail"], timeout=120, mps=False, env=ENV)
-  assert "[jaxll.launch process 1] joined" in str(e.value)  # progress marks are shown
+  assert "[jaxll.tools.launch process 1] joined" in str(e.value)  # progress marks are shown
   # and the whole outputs stay on the exception
   assert [w.process_id for w in e.value.workers] == [0, 1]
   assert e.value.workers[1].returncode == 3  # (process 0: killed once process 1 failed)
-  assert "[jaxll.launch process 1] joined" in e.value.workers[1].output
+  assert "[jaxll.tools.launch process 1] joined" in e.value.workers[1].output
 
 
 @pytest.mark.parametrize("processes,devices", [(1, 8), (2, 4)])
@@ -75,7 +76,7 @@ def test_processes_get_the_hosts_gpus_in_turn(tmp_path, monkeypatch):
   # One GPU a process where the host has enough, shared in turn where it has
   # not; MPS (under "auto") only for processes that share a GPU.
   script = tmp_path / "gpu.py"
-  script.write_text("import os\nfrom jaxll import launch\n"
+  script.write_text("import os\nfrom jaxll.tools import launch\n"
                     "launch.report(os.environ.get('CUDA_VISIBLE_DEVICES'))\n")
   started = []
   monkeypatch.setattr(launch, "_start_mps", lambda mps: started.append(mps))
@@ -132,7 +133,7 @@ def test_mps_workers_get_few_work_queues(tmp_path, monkeypatch):
   # caps CUDA_DEVICE_MAX_CONNECTIONS (32 from the caller's environment would
   # exhaust the pool at 8 processes) unless `env` asks for a value.
   script = tmp_path / "env.py"
-  script.write_text("import os\nfrom jaxll import launch\n"
+  script.write_text("import os\nfrom jaxll.tools import launch\n"
                     "launch.report({k: os.environ.get(k) for k in "
                     "('CUDA_DEVICE_MAX_CONNECTIONS', 'CUDA_MPS_PIPE_DIRECTORY')})\n")
   monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
@@ -199,7 +200,7 @@ def _run_processes(monkeypatch, hosts, fail=None, absent=(), timeout_ms=5000):
   freed = {p: [] for p in range(len(hosts))}
   calls = {}
 
-  def create_workspace(groups, virtual, scratch, timeout_ms, max_blocks, shared_gpu):
+  def create_workspace(groups, virtual, scratch, timeout_ms, max_blocks=0, shared_gpu=False):
     calls[local.pid] = (max_blocks, shared_gpu)
     if fail == ("build", local.pid):
       raise RuntimeError("out of memory")
@@ -223,16 +224,17 @@ def _run_processes(monkeypatch, hosts, fail=None, absent=(), timeout_ms=5000):
 
   fake = types.SimpleNamespace(
       device_uuid=device_uuid,
-      device_block_bound=lambda o: 264, device_sm_count=lambda o: 132, create_workspace=create_workspace,
+      device_block_bound=lambda o, carveout: 264, device_sm_count=lambda o: 132,
       workspace_ipc_handles=workspace_ipc_handles, workspace_connect=workspace_connect,
       # (a failed setup keeps what it exported: a peer may have mapped it)
       free_workspace=lambda comm, keep_exported=False: freed[local.pid].append(
           comm if keep_exported else ("freed outright", comm)))
   monkeypatch.setattr(distributed, "ext", fake)
+  monkeypatch.setattr(distributed.native, "create_workspace", create_workspace)
   devs = [types.SimpleNamespace(id=p, process_index=p, local_hardware_id=0)
           for p in range(len(hosts))]
   config = types.SimpleNamespace(scratch_bytes=1 << 20, timeout_ms=1000)
-  monkeypatch.setattr(distributed, "SETUP_TIMEOUT_MS", timeout_ms)
+  monkeypatch.setenv("JAXLL_SETUP_TIMEOUT_MS", str(timeout_ms))
   out = {}
 
   def one(p):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import jaxll
-from jaxll import _ext, algorithms, call_sites, lowering, workspace
-from jaxll._ext import ext
+from jaxll import algorithms, call_sites, choice, native, placement, sites, workspace
+from jaxll.native import ext
 
 # tests of the compiled extension (skipped where jaxll was installed without nvcc)
 needs_kernels = pytest.mark.skipif(ext is None, reason="jaxll installed without its CUDA kernels")
@@ -33,66 +33,66 @@ _TABLE = {
 @pytest.fixture()
 def test_table(monkeypatch):
   monkeypatch.delenv("JAXLL_AUTO_MAX_BYTES", raising=False)
-  algorithms.set_auto_table(_TABLE)
+  choice.set_auto_table(_TABLE)
   yield _TABLE
-  algorithms.set_auto_table(None)
+  choice.set_auto_table(None)
 
 
 def test_auto_choice_follows_the_table(test_table, monkeypatch):
-  assert algorithms.choose_auto(1, 64, F32, "sum")[0] == "xla"
-  assert algorithms.choose_auto(2, 8, F32, "sum")[0] == "oneshot_ll"
-  assert algorithms.choose_auto(2, 64, F32, "max")[0] == "oneshot_ll"
+  assert choice.choose_auto(1, 64, F32, "sum")[0] == "xla"
+  assert choice.choose_auto(2, 8, F32, "sum")[0] == "oneshot_ll"
+  assert choice.choose_auto(2, 64, F32, "max")[0] == "oneshot_ll"
   # the atomic kernel is never chosen automatically; sentinel has no int32 kernel
-  assert algorithms.choose_auto(2, 65, F32, "sum")[0] == "oneshot_sentinel"
-  assert algorithms.choose_auto(2, 65, np.dtype(np.int32), "sum")[0] == "oneshot_ll"
+  assert choice.choose_auto(2, 65, F32, "sum")[0] == "oneshot_sentinel"
+  assert choice.choose_auto(2, 65, np.dtype(np.int32), "sum")[0] == "oneshot_ll"
   # N=3 uses the N=2 table; a dtype without a table borrows one of equal width
-  assert algorithms.choose_auto(3, 8, F32, "sum")[0] == "oneshot_ll"
-  assert algorithms.choose_auto(4, 100, np.dtype(np.float16), "min")[0] == "twoshot_sentinel"
-  assert algorithms.choose_auto(4, 100, np.dtype(np.int32), "sum")[0] == "twoshot_ll"
+  assert choice.choose_auto(3, 8, F32, "sum")[0] == "oneshot_ll"
+  assert choice.choose_auto(4, 100, np.dtype(np.float16), "min")[0] == "twoshot_sentinel"
+  assert choice.choose_auto(4, 100, np.dtype(np.int32), "sum")[0] == "twoshot_ll"
   # crossover to XLA per group size
-  name, reason = algorithms.choose_auto(8, 4097, F32, "sum")
+  name, reason = choice.choose_auto(8, 4097, F32, "sum")
   assert name == "xla" and "crossover 4096" in reason
-  assert algorithms.choose_auto(2, (1 << 20) + 1, F32, "sum")[0] == "xla"
-  name, reason = algorithms.choose_auto(2, 64, np.dtype(np.float64), "sum")
+  assert choice.choose_auto(2, (1 << 20) + 1, F32, "sum")[0] == "xla"
+  name, reason = choice.choose_auto(2, 64, np.dtype(np.float64), "sum")
   assert name == "xla" and "float64" in reason
   monkeypatch.setenv("JAXLL_AUTO_MAX_BYTES", "16")
-  assert algorithms.choose_auto(2, 32, F32, "sum")[0] == "xla"
+  assert choice.choose_auto(2, 32, F32, "sum")[0] == "xla"
   monkeypatch.setenv("JAXLL_AUTO_MAX_BYTES", "lots")
   with pytest.raises(ValueError, match="JAXLL_AUTO_MAX_BYTES"):
-    algorithms.choose_auto(2, 32, F32, "sum")
+    choice.choose_auto(2, 32, F32, "sum")
 
 
 def test_auto_table_from_env_and_validation(tmp_path, monkeypatch):
   path = tmp_path / "t.json"
   path.write_text(json.dumps(_TABLE))
   monkeypatch.setenv("JAXLL_AUTO_TABLE", str(path))
-  algorithms.set_auto_table(None)
+  choice.set_auto_table(None)
   try:
-    assert algorithms.auto_table()["source"] == "test"
+    assert choice.auto_table()["source"] == "test"
     bad = dict(_TABLE, tables={"2": {"float32": [[64, ["nope"]]]}})
     with pytest.raises(ValueError, match="unknown kernel 'nope'"):
-      algorithms.set_auto_table(bad)
+      choice.set_auto_table(bad)
     bad = dict(_TABLE, tables={"2": {"float32": [[64, ["oneshot_ll"]], [8, ["oneshot_ll"]]]}})
     with pytest.raises(ValueError, match="grow"):
-      algorithms.set_auto_table(bad)
+      choice.set_auto_table(bad)
     path.write_text("{")
-    algorithms.set_auto_table(None)
+    choice.set_auto_table(None)
     with pytest.raises(ValueError, match="t.json"):
-      algorithms.auto_table()
+      choice.auto_table()
   finally:
     monkeypatch.delenv("JAXLL_AUTO_TABLE")
-    algorithms.set_auto_table(None)
+    choice.set_auto_table(None)
 
 
 @needs_kernels
 def test_shipped_auto_table_is_valid_and_covers_group_sizes():
-  table = algorithms.load_auto_table(algorithms.DEFAULT_TABLE_PATH)
+  table = choice.load_auto_table(choice.DEFAULT_TABLE_PATH)
   assert table["source"]
   for n in range(2, ext.max_ranks + 1):
     for dt in (F32, BF16, np.dtype(np.float16), np.dtype(np.int32)):
       for nbytes in (8, 4096, 1 << 20, 64 << 20):
-        assert algorithms.ranked_kernels(n, nbytes, dt), (n, dt, nbytes)
-        name, _ = algorithms.choose_auto(n, nbytes, dt, "sum")
+        assert choice.ranked_kernels(n, nbytes, dt), (n, dt, nbytes)
+        name, _ = choice.choose_auto(n, nbytes, dt, "sum")
         assert name in algorithms.SPECS
 
 
@@ -133,10 +133,10 @@ def test_algorithm_catalogue_matches_the_kernels():
 def test_reduction_groups_rank_order():
   ids = np.arange(8).reshape(2, 4)
   mesh = types.SimpleNamespace(axis_names=("dp", "tp"), devices=ids)
-  assert lowering.reduction_groups(mesh, ("tp",)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
-  assert lowering.reduction_groups(mesh, ("dp",)) == [[0, 4], [1, 5], [2, 6], [3, 7]]
-  assert lowering.reduction_groups(mesh, ("dp", "tp")) == [list(range(8))]
-  assert lowering.reduction_groups(mesh, ("tp", "dp")) == [[0, 4, 1, 5, 2, 6, 3, 7]]
+  assert placement.reduction_groups(mesh, ("tp",)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+  assert placement.reduction_groups(mesh, ("dp",)) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+  assert placement.reduction_groups(mesh, ("dp", "tp")) == [list(range(8))]
+  assert placement.reduction_groups(mesh, ("tp", "dp")) == [[0, 4, 1, 5, 2, 6, 3, 7]]
 
 
 def _unit_elems(name, elem_bytes):
@@ -221,8 +221,8 @@ def test_config_validation_and_update():
 
 
 def test_version_check_message():
-  assert _ext.version_mismatch("0.10.2", "0.10.2") is None
-  msg = _ext.version_mismatch("0.11.2", "0.10.2")
+  assert native.version_mismatch("0.10.2", "0.10.2") is None
+  msg = native.version_mismatch("0.11.2", "0.10.2")
   assert "built against jaxlib 0.11.2" in msg and "0.10.2 is installed" in msg
   assert "--no-build-isolation" in msg
 
@@ -232,13 +232,16 @@ def test_extension_facts():
   import jaxlib
   assert ext.built_jaxlib_version == jaxlib.__version__
   assert ext.max_ranks >= 8 and ext.max_blocks >= 1
-  assert set(ext.handlers()) == {"jaxll_all_reduce", "jaxll_virtual_all_reduce",
-                                 "jaxll_virtual_all_reduce_graph",
-                                 "jaxll_virtual_all_reduce_rmsnorm",
-                                 "jaxll_virtual_all_reduce_rmsnorm_graph",
-                                 "jaxll_device_ordinal", "jaxll_noop", "jaxll_check",
-                                 "jaxll_all_reduce_rmsnorm", "jaxll_join",
-                                 "jaxll_gather_scatter"}
+  # the runtime's handlers, and whether XLA may capture each into a command buffer
+  assert {name: cb for name, (_, cb) in ext.handlers().items()} == {
+      "jaxll_all_reduce": True, "jaxll_all_reduce_rmsnorm": True, "jaxll_gather_scatter": True,
+      "jaxll_join": True, "jaxll_noop": True, "jaxll_check": False,
+      "jaxll_device_ordinal": False}
+  # the testing tools' own (a module apart: the runtime does not hold them)
+  from jaxll.tools import testing
+  assert {name: cb for name, (_, cb) in testing._tools.handlers().items()} == {
+      "jaxll_virtual_all_reduce": False, "jaxll_virtual_all_reduce_graph": True,
+      "jaxll_virtual_all_reduce_rmsnorm": False, "jaxll_virtual_all_reduce_rmsnorm_graph": True}
 
 
 def test_no_errors_without_workspaces():
@@ -273,7 +276,7 @@ def test_bad_settings_fail_at_import_on_every_platform(env, pattern):
 
 
 def test_kernel_profile_names_and_collective_share():
-  from jaxll import kernel_profile as kp
+  from jaxll.tools import profile as kp
   rms = "void jaxll::(anonymous namespace)::rmsnorm_kernel<__nv_bfloat16>(jaxll::(anonymous namespace)::RmsNormArgs)"
   nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
   assert kp.short_name(rms) == "jaxll::rmsnorm_kernel"
@@ -303,29 +306,6 @@ def test_on_error_mode_reads_the_setting(monkeypatch):
     jaxll.on_error_mode()
 
 
-def test_readme_python_blocks_run_as_written():
-  """Every python block of the README, executed in order in one interpreter on
-  8 CPU devices (later blocks continue earlier ones), except those marked
-  "not run by the README test" (with the reason)."""
-  import os
-  import re
-  import subprocess
-  import sys
-  readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "README.md")
-  blocks = re.findall(r"(<!-- not run by the README test: [^>]*-->\n)?```python\n(.*?)```",
-                      open(readme).read(), re.S)
-  run = [code for marker, code in blocks if not marker]
-  assert len(run) >= 3 and len(blocks) - len(run) <= 2, [m for m, _ in blocks]
-  code = "\n".join(run)
-  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
-                     timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu",
-                                           XLA_FLAGS="--xla_force_host_platform_device_count=8"))
-  assert r.returncode == 0, r.stderr[-3000:]
-  assert " 8 xla - lowering for cpu" in r.stdout, r.stdout
-  assert r.stdout.count("['xla', 'xla']") == 2, r.stdout  # both TP variants: 2 sites
-
-
 def test_kernels_available_says_how_jaxll_was_built():
   # against what the installed package holds: a compiled extension beside it
   # (built with nvcc) whose handler table has the all-reduce's XLA FFI target
@@ -334,9 +314,9 @@ def test_kernels_available_says_how_jaxll_was_built():
   compiled = [f for f in os.listdir(here) if f.startswith("_jaxll") and f.endswith(".so")]
   assert jaxll.kernels_available() == bool(compiled), compiled
   if compiled:
-    assert _ext.NO_KERNELS_REASON is None and "jaxll_all_reduce" in ext.handlers()
+    assert native.NO_KERNELS_REASON is None and "jaxll_all_reduce" in ext.handlers()
   else:  # installed without nvcc: every call is XLA's, and explain says so on CPU
-    assert "without its CUDA kernels" in _ext.NO_KERNELS_REASON
+    assert "without its CUDA kernels" in native.NO_KERNELS_REASON
 
 
 @needs_kernels
@@ -369,15 +349,14 @@ def test_codes_come_from_the_extension_and_name_every_signature():
 
 
 def test_a_named_call_site_belongs_to_its_thread():
-  # lowering.call_site(...) names the site of the lowerings inside it on its own
+  # sites.call_site(...) names the site of the lowerings inside it on its own
   # thread only; another thread lowering meanwhile keeps its own sites
   import threading
-  from jaxll import lowering
   inside, release, seen = threading.Event(), threading.Event(), {}
 
   def other():
-    with lowering.call_site("other.py:1 (layer)"):
-      seen["other"] = lowering._site(None)
+    with sites.call_site("other.py:1 (layer)"):
+      seen["other"] = sites.site_of(None)
       inside.set()
       release.wait(10)
 
@@ -385,9 +364,9 @@ def test_a_named_call_site_belongs_to_its_thread():
   t.start()
   try:
     assert inside.wait(10)
-    seen["main"] = lowering._site(None)  # (no traceback: no frames of its own)
-    with lowering.call_site("main.py:2 (block)"):
-      seen["main named"] = lowering._site(None)
+    seen["main"] = sites.site_of(None)  # (no traceback: no frames of its own)
+    with sites.call_site("main.py:2 (block)"):
+      seen["main named"] = sites.site_of(None)
   finally:
     release.set()
     t.join(10)

@@ -8,7 +8,7 @@ Forward, the gradient of a loss reduced over ``dp``, and a decode loop
   helpers   jaxll.copy_to_parallel_region / reduce_from_parallel_region
   route     the psum version inside jaxll.route_psums
 
-plus the same math in float64 numpy. Used by tests/test_all_reduce_cpu.py (8 CPU
+plus the same math in float64 numpy. Used by tests/test_routing_cpu.py (8 CPU
 devices) and tests/mp_scripts/tp_block.py (processes on GPUs).
 """
 

@@ -20,11 +20,13 @@
 // a baseline of plain stores between two cross-rank flag barriers. The grid, the
 // rounds and the scratch parity are the one-shot all-reduce's for a message of
 // one piece (plan_all_reduce with count = piece elements): in every round each
-// rank sends to each peer, so parity reuse stays safe (all_reduce_common.cuh).
+// rank sends to each peer, so parity reuse stays safe (call_args.cuh).
 #include <algorithm>
 
-#include "all_reduce_common.cuh"
-#include "all_reduce_kernels.h"
+#include "kernels/all_reduce.h"
+#include "kernels/call_args.cuh"
+#include "kernels/gather_scatter.h"
+#include "kernels/launch.h"
 
 namespace jaxll {
 namespace {
@@ -240,14 +242,13 @@ bool has_gather_scatter_kernel(Collective c, Algorithm algorithm, DType dtype) {
   return kernel_for(c, algorithm, dtype) != nullptr;
 }
 
-cudaError_t launch_gather_scatter(Collective c, Algorithm algorithm, DType dtype,
-                                  const RankView& view, const void* in, void* out, int64_t count,
-                                  cudaStream_t stream) {
+Status launch_gather_scatter(Collective c, Algorithm algorithm, DType dtype, const RankView& view,
+                             const void* in, void* out, int64_t count, cudaStream_t stream) {
   const void* fn = kernel_for(c, algorithm, dtype);
-  if (fn == nullptr) return cudaErrorInvalidValue;
+  if (fn == nullptr) return Status::NoKernel();
   const LaunchPlan plan = plan_all_reduce(algorithm, count, dtype_bytes(dtype), view.nranks,
                                           view.geo, view.max_blocks, view.signatures != 0);
-  if (plan.blocks == 0) return cudaErrorInvalidValue;
+  if (plan.blocks == 0) return Status::NoPlan();
   const bool pdl = launches_early(view, plan.blocks);
   AllReduceArgs args{view, in, out, count, plan.units, plan.span, plan.round_units,
                      static_cast<uint32_t>(plan.rounds), static_cast<uint32_t>(plan.last_rounds),

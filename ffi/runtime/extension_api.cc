@@ -1,11 +1,11 @@
 // The extension API (jaxll/extension.h) over the workspace registry.
-#include "extension_api.h"
+#include "runtime/extension_api.h"
 
 #include <cstdio>
 #include <exception>
 #include <string>
 
-#include "workspace.h"
+#include "runtime/registry.h"
 
 namespace jaxll {
 namespace {
@@ -33,10 +33,10 @@ int get_rank_view(int64_t workspace, int ordinal, RankView* view, char* error, s
                     std::to_string(workspace),
                 error, error_len);
   }
+  *view = r->view;
   if (uint64_t word = c->error_word(*r)) {
     return fail(kExtensionHasError, c->describe_error(*r, word), error, error_len);
   }
-  *view = r->view;
   return kExtensionOk;
 }
 
@@ -58,10 +58,10 @@ int get_rank_view_of(int64_t workspace, int group, int rank, RankView* view, cha
                 error_len);
   }
   const Rank& r = c->rank(group, rank);
+  *view = r.view;
   if (uint64_t word = c->error_word(r)) {
     return fail(kExtensionHasError, c->describe_error(r, word), error, error_len);
   }
-  *view = r.view;
   return kExtensionOk;
 }
 

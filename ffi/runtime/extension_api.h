@@ -1,4 +1,4 @@
-// The table behind jaxll.extension.api() (see jaxll/extension.h).
+// The table behind jaxll.extension.api() (jaxll/extension.h), over the workspace registry.
 #pragma once
 
 #include "jaxll/extension.h"

@@ -1,10 +1,10 @@
-#include "sol_probe.h"
+#include "testing/sol_probe.h"
 
 #include <stdexcept>
 #include <string>
 
 #include "jaxll/spin_wait.cuh"
-#include "../runtime/workspace.h"
+#include "kernels/cuda_call.h"
 
 namespace jaxll {
 namespace {

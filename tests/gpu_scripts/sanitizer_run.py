@@ -9,8 +9,8 @@ the all-gather and reduce-scatter kernels (the LL16, sentinel and barrier kernel
 
   compute-sanitizer --tool racecheck python3 tests/gpu_scripts/sanitizer_run.py [CALLS] [RANKS]
 
-Drives every kernel through the native stress checker only (JAX's GPU backend
-is never started, so the sanitizer sees jaxll's kernels alone): N virtual
+Drives every kernel through the testing module's native drivers only (JAX's
+GPU backend is never started, so the sanitizer sees jaxll's kernels alone): N virtual
 ranks on CUDA device 0 for each N in RANKS (comma-separated, default 2,3; the
 kernels are compiled separately for 1, 2, 4 and 8 ranks and for any other
 count), f32 and bf16, mixed sizes including unaligned ones, on a workspace with
@@ -23,20 +23,34 @@ import sys
 
 import numpy as np
 
-from jaxll import algorithms
-from jaxll._ext import ext
+from jaxll import algorithms, native, settings
+from jaxll.native import ext
+from jaxll.tools import testing
+
+tools = testing._tools  # (the testing module, initialised by the import)
+
+
+def make(n: int, scratch_bytes: int, timeout_ms: int) -> int:
+  """A virtual workspace of n ranks on CUDA device 0, attached to the tools."""
+  bound = tools.block_bound(0, settings.kernel_settings().carveout) // n
+  ws = native.create_workspace([[0] * n], True, scratch_bytes, timeout_ms, max_blocks=bound)
+  tools.attach(ws, 0, n)
+  return ws
+
 
 calls = int(sys.argv[1]) if len(sys.argv) > 1 else 12
 ranks = [int(r) for r in sys.argv[2].split(",")] if len(sys.argv) > 2 else [2, 3]
+LL = algorithms.RMSNORM_PROTOCOL_CODES["ll"]
+SENTINEL = algorithms.RMSNORM_PROTOCOL_CODES["sentinel"]
 TWOSHOT_LL = algorithms.RMSNORM_PROTOCOL_CODES["twoshot_ll"]
 TWOSHOT_SENTINEL = algorithms.RMSNORM_PROTOCOL_CODES["twoshot_sentinel"]
 bad = 0
 for n in ranks:
-  comm = ext.create_workspace([[0] * n], True, 4096, 20000)
+  comm = make(n, 4096, 20000)
   counts = [int(c) for c in np.random.default_rng(n).integers(1, 6000, size=calls)]
   for name in algorithms.KERNELS:
     for dtype in ("float32", "bfloat16"):
-      res = ext.virtual_stress(comm, [algorithms.SPECS[name].code],
+      res = tools.virtual_stress(comm, [algorithms.SPECS[name].code],
                                algorithms.DTYPE_CODES[dtype], algorithms.OP_CODES["sum"],
                                counts, n, 5)
       print(n, name, dtype, res["mismatches"], res["error"] or "no error", flush=True)
@@ -46,20 +60,20 @@ for n in ranks:
   # workspace of 1 MiB, whose regions hold each of these rows' segments: every
   # shape must be served), three calls with other inputs each, then the
   # two-shot kernel on both exchanges (on the 1 MiB workspace: every shape)
-  big = ext.create_workspace([[0] * n], True, 1 << 20, 3000)
+  big = make(n, 1 << 20, 3000)
   for dtype, hidden in (("float32", 12), ("bfloat16", 4096), ("float16", 1000)):
     item = 4 if dtype == "float32" else 2
     tokens = 3
     x = np.random.default_rng(hidden).integers(0, 255, size=n * tokens * hidden * item,
                                                dtype=np.uint8)
     x[1::2] = 0x3C  # small finite values in every dtype
-    for c, protocol, k in ((comm, 0, 0), (big, 2, 0), (big, 2, 1), (big, 2, 2),
+    for c, protocol, k in ((comm, LL, 0), (big, SENTINEL, 0), (big, SENTINEL, 1), (big, SENTINEL, 2),
                            (big, TWOSHOT_SENTINEL, 0), (big, TWOSHOT_SENTINEL, 1),
                            (big, TWOSHOT_LL, 0), (big, TWOSHOT_LL, 1)):
       xk = x.copy()
       xk[::2] = (xk[::2].astype(np.int64) + 17 * k) % 256  # (other low bytes)
       try:
-        *_, err = ext.virtual_rmsnorm(c, algorithms.DTYPE_CODES[dtype], xk.tobytes(),
+        *_, err = tools.virtual_rmsnorm(c, algorithms.DTYPE_CODES[dtype], xk.tobytes(),
                                       xk[:tokens * hidden * item].tobytes(),
                                       xk[:hidden * item].tobytes(), tokens, hidden, 1e-6,
                                       protocol=protocol)
@@ -68,19 +82,18 @@ for n in ranks:
       except (RuntimeError, ValueError) as e:
         print(n, "rmsnorm", dtype, hidden, protocol, e, flush=True)
         bad += 1
-  # the decode shape (rows of 8192 bf16, 1 and 2 tokens), auto's choice and
-  # both one-shot exchanges: the one-row-wave kernel whose clustered blocks add
-  # a row's squares by st.async into each other's shared memory (counted by an
+  # the decode shape (rows of 8192 bf16, 1 and 2 tokens), both one-shot
+  # exchanges: the one-row-wave kernel whose clustered blocks add a row's
+  # squares by st.async into each other's shared memory (counted by an
   # mbarrier); that path must have run here, or the run fails
-  auto = algorithms.RMSNORM_PROTOCOL_CODES["auto"]
   clustered = 0
   for tokens in (1, 2):
     x = np.random.default_rng(tokens).integers(0, 255, size=n * tokens * 8192 * 2, dtype=np.uint8)
     x[1::2] = 0x3C
-    for protocol in (auto, 0, 2):
+    for protocol in (LL, SENTINEL):
       try:
         p = ext.rmsnorm_plan(big, algorithms.DTYPE_CODES["bfloat16"], tokens, 8192, protocol)
-        *_, err = ext.virtual_rmsnorm(big, algorithms.DTYPE_CODES["bfloat16"], x.tobytes(),
+        *_, err = tools.virtual_rmsnorm(big, algorithms.DTYPE_CODES["bfloat16"], x.tobytes(),
                                       x[:tokens * 8192 * 2].tobytes(), x[:8192 * 2].tobytes(),
                                       tokens, 8192, 1e-6, protocol=protocol)
       except (RuntimeError, ValueError) as e:  # (every exchange serves these shapes here)
@@ -94,18 +107,18 @@ for n in ranks:
   if n > 1 and not clustered:
     print(n, "rmsnorm decode: no call took the clustered one-row-wave kernel", flush=True)
     bad += 1
-  # the group twins (every rank's blocks in one launch, jaxll.testing's
+  # the group twins (every rank's blocks in one launch, jaxll.tools.testing's
   # one_launch): each all-reduce kernel on 4 KiB of scratch (several rounds),
-  # the fused kernel's decode shape on auto and its two-shot cut, two calls in
-  # a graph each (the graph timers; a recorded error raises)
+  # the fused kernel's decode shape on both exchanges and its two-shot cut, two
+  # calls in a graph each (the graph timers; a recorded error raises)
   for name, code, count in [(k, algorithms.SPECS[k].code, 3001) for k in algorithms.KERNELS] + [
-      ("rmsnorm", auto, 1), ("rmsnorm", auto, 2), ("rmsnorm", TWOSHOT_SENTINEL, 4)]:
+      ("rmsnorm", SENTINEL, 1), ("rmsnorm", LL, 2), ("rmsnorm", TWOSHOT_SENTINEL, 4)]:
     try:
       if name == "rmsnorm":
-        ext.virtual_rmsnorm_bench(big, algorithms.DTYPE_CODES["bfloat16"], count, 8192, 2, 1, code,
+        tools.virtual_rmsnorm_bench(big, algorithms.DTYPE_CODES["bfloat16"], count, 8192, 2, 1, code,
                                   one_launch=True)
       else:
-        ext.virtual_bench(comm, code, algorithms.DTYPE_CODES["float32"],
+        tools.virtual_bench(comm, code, algorithms.DTYPE_CODES["float32"],
                           algorithms.OP_CODES["sum"], count, 2, 1, one_launch=True)
       print(n, "one launch", name, code, count, "no error", flush=True)
     except (RuntimeError, ValueError) as e:
@@ -121,7 +134,7 @@ for n in ranks:
       for count in (5, 3001):
         xg = np.random.default_rng(count).integers(-100, 100, size=(n, n if coll == 3 else 1, count))
         xg = xg.astype(dt)
-        y, err = ext.virtual_gather_scatter(comm, coll, algorithms.SPECS[alg].code,
+        y, err = tools.virtual_gather_scatter(comm, coll, algorithms.SPECS[alg].code,
                                             algorithms.DTYPE_CODES[np.dtype(dt).name],
                                             xg.tobytes(), count)
         y = np.frombuffer(y, dt)
@@ -135,17 +148,17 @@ for n in ranks:
   if n == 1:
     continue
   # error paths: a mismatch, a rank that never arrives, then a reset
-  comm = ext.create_workspace([[0] * n], True, 4096, 3000)
+  comm = make(n, 4096, 3000)
   ll, sen = algorithms.SPECS["oneshot_ll"].code, algorithms.SPECS["twoshot_sentinel"].code
   spec = [(ll, 0, 0, 5000, False, 0, 1)] * n
   spec[-1] = (sen, 0, 0, 3000, False, 0, 1)
-  got = ext.virtual_calls(comm, spec)
+  got = tools.virtual_calls(comm, spec)
   kinds = {int(ext.decode_error(w)[0]) for *_, w, _ in ext.workspace_errors(comm)}
   print(n, "mismatch", got, kinds, flush=True)
   bad += int(got != [5000] * (n - 1) + [3000] or kinds != {2})
   ext.workspace_reset(comm)
   spec = [(sen, 0, 0, 5000, r == 0, 0, 1) for r in range(n)]
-  got = ext.virtual_calls(comm, spec)
+  got = tools.virtual_calls(comm, spec)
   print(n, "skip", got, flush=True)
   bad += int(got != [0] + [5000] * (n - 1) or not ext.workspace_errors(comm))
   ext.workspace_reset(comm)
@@ -154,22 +167,23 @@ for n in ranks:
   xb = np.full(n * 2 * 4096, 0x3C00, np.uint16)
   # (sentinel: on a workspace of 1 MiB of scratch, whose regions its
   # decode-shape kernel moves 2 x 4096 bf16 in, one round)
-  big = ext.create_workspace([[0] * n], True, 1 << 20, 3000)
-  for c, protocol in ((comm, 0), (big, 2), (big, TWOSHOT_SENTINEL)):
-    *_, err = ext.virtual_rmsnorm(c, algorithms.DTYPE_CODES["bfloat16"], xb.tobytes(),
+  big = make(n, 1 << 20, 3000)
+  for c, protocol in ((comm, LL), (big, SENTINEL), (big, TWOSHOT_SENTINEL)):
+    *_, err = tools.virtual_rmsnorm(c, algorithms.DTYPE_CODES["bfloat16"], xb.tobytes(),
                                   xb[:2 * 4096].tobytes(), xb[:4096].tobytes(), 2, 4096, 1e-6, 0,
                                   protocol=protocol)
     print(n, "rmsnorm absent", protocol, err[:60] or "no error", flush=True)
     bad += int(not err)
     ext.workspace_reset(c)
   xr = xb + 1  # (other inputs than those the absent rank's peers left)
-  ext.virtual_rmsnorm(big, algorithms.DTYPE_CODES["bfloat16"], xr.tobytes(),
-                      xr[:2 * 4096].tobytes(), xr[:4096].tobytes(), 2, 4096, 1e-6, protocol=2)
+  tools.virtual_rmsnorm(big, algorithms.DTYPE_CODES["bfloat16"], xr.tobytes(),
+                      xr[:2 * 4096].tobytes(), xr[:4096].tobytes(), 2, 4096, 1e-6,
+                      protocol=SENTINEL)
   errs = ext.workspace_errors(big)
   print(n, "rmsnorm sentinel after reset", errs or "no error", flush=True)
   bad += int(bool(errs))
   ext.free_workspace(big)
-  got = ext.virtual_calls(comm, [(ll, 0, 0, 5000, False, 0, 1)] * n)
+  got = tools.virtual_calls(comm, [(ll, 0, 0, 5000, False, 0, 1)] * n)
   print(n, "after reset", got, flush=True)
   bad += int(got != [0] * n or bool(ext.workspace_errors(comm)))
   ext.free_workspace(comm)

@@ -4,7 +4,7 @@ setting, each run in a fresh process (settings are read when a workspace is
 built), and prints one line per run: the setting, the error if any (its first
 line says which wait gave up: "... for rank R" on the data path, "... for rank R
 to start its call" on the call signatures) and the time. For chasing the
-intermittent N=8 timeout (benchmarks/README.md, "Faults").
+intermittent N=8 timeout (docs/faults.md).
 
   python tests/gpu_scripts/stress_repeat.py [RUNS_PER_SETTING] [SECONDS] [SETTINGS]
 
@@ -20,7 +20,7 @@ import time
 
 CHILD = r'''
 import json, sys, time, numpy as np, jaxll
-from jaxll import testing as jt, algorithms
+from jaxll.tools import testing as jt, algorithms
 from jaxll import _jaxll as ext
 calls = int(sys.argv[1])
 rng = np.random.default_rng(5)

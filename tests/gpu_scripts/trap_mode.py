@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 import jaxll
-import jaxll.testing as jt
+from jaxll.tools import testing as jt
 
 assert jaxll.on_error_mode() == "trap", jaxll.on_error_mode()
 cfg = jaxll.WorkspaceConfig(timeout_ms=200)

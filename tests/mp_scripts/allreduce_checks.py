@@ -1,4 +1,4 @@
-"""One process of a jaxll end-to-end check (run by jaxll.launch): every process
+"""One process of a jaxll end-to-end check (run by jaxll.tools.launch): every process
 joins jax.distributed and the checks run the real jit + shard_map path over the
 global mesh, whatever the layout: one process driving several GPUs (peer
 access), one process per GPU or N processes sharing one GPU (CUDA IPC), or
@@ -42,7 +42,7 @@ if not GPU:
   jax.config.update("jax_platforms", "cpu")
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
-from jaxll import launch  # noqa: E402
+from jaxll.tools import launch  # noqa: E402
 
 pid = launch.init_worker()
 jax.config.update("jax_default_matmul_precision", "highest")  # f32 matmuls, not TF32
@@ -248,7 +248,7 @@ section("loop")
 # 4b. Calls before, inside and after a loop that do not depend on each other
 # (the conjugate-gradient pattern: a dot product, the iteration loop, a norm
 # after it). XLA may run the call after the loop first, or beside it, unless
-# the order chain crosses the loop (jaxll/lowering.py); every run must give the
+# the order chain crosses the loop (jaxll/ordering.py); every run must give the
 # first run's bits.
 if opts.stress:
   la, lb, lc = (rows((n,), c, np.float32, seed=40 + c) for c in (33, 3000, 70_001))

@@ -8,7 +8,7 @@ import jax
 jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
-from jaxll import launch  # noqa: E402
+from jaxll.tools import launch  # noqa: E402
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
 pid = launch.init_worker()

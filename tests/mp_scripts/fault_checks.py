@@ -1,4 +1,4 @@
-"""One process of a fault-injection run (issue 12), started by jaxll.launch with N
+"""One process of a fault-injection run, started by jaxll.tools.launch with N
 processes that share the GPU(s). Each scenario runs a jitted step (a chain of
 CALLS all-reduces over a mesh axis, its output fed back as the next step's
 donated input, as a training loop does) and injects one fault from one process;
@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from jaxll import launch  # noqa: E402
+from jaxll.tools import launch  # noqa: E402
 
 pid = launch.init_worker()
 import jaxll  # noqa: E402

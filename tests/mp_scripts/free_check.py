@@ -1,4 +1,4 @@
-"""One process of the free-and-rebuild check (run by jaxll.launch; processes
+"""One process of the free-and-rebuild check (run by jaxll.tools.launch; processes
 sharing one GPU): a jitted jaxll.all_reduce over a workspace spanning the
 processes runs and is checked against numpy; then every process calls
 jaxll.free_workspaces() at the same point (collective), the same function runs
@@ -31,7 +31,7 @@ if not GPU:
   jax.config.update("jax_platforms", "cpu")
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
-from jaxll import launch  # noqa: E402
+from jaxll.tools import launch  # noqa: E402
 
 pid = launch.init_worker()
 import jaxll  # noqa: E402

@@ -1,4 +1,4 @@
-"""One process of the all-gather / reduce-scatter check (run by jaxll.launch;
+"""One process of the all-gather / reduce-scatter check (run by jaxll.tools.launch;
 processes sharing one GPU): jaxll.all_gather and jaxll.psum_scatter with
 algorithm="oneshot_ll", "oneshot_sentinel", "oneshot_barrier" and "auto"
 (whose kernel must be its measured choice) against numpy, for several sizes
@@ -27,11 +27,11 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from jaxll import launch  # noqa: E402
+from jaxll.tools import launch  # noqa: E402
 
 pid = launch.init_worker()
 import jaxll  # noqa: E402
-from jaxll import gather_scatter  # noqa: E402
+from jaxll import choice, gather_scatter  # noqa: E402
 
 n = jax.device_count()
 if opts.reverse:
@@ -83,8 +83,8 @@ for algorithm in ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier", "auto"):
     expect = [algorithm, algorithm]
     if algorithm == "auto":  # its measured choice (the crossover to XLA is lifted here)
       item = np.dtype(dtype).itemsize
-      expect = [gather_scatter.choose_auto("all_gather", n, count * item, dtype)[0],
-                gather_scatter.choose_auto("psum_scatter", n, n * count * item, dtype)[0]]
+      expect = [choice.gather_scatter_auto("all_gather", n, count * item, dtype)[0],
+                choice.gather_scatter_auto("psum_scatter", n, n * count * item, dtype)[0]]
       report.setdefault("auto", {})[key] = sites
     if sites != expect:
       report["errors"].append(f"{key}: the kernels did not serve both calls ({sites}, want {expect})")

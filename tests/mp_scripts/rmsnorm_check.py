@@ -1,5 +1,5 @@
 """One process of the fused all-reduce + residual + RMSNorm check (run by
-jaxll.launch; processes sharing one GPU): jaxll.all_reduce_rmsnorm with
+jaxll.tools.launch; processes sharing one GPU): jaxll.all_reduce_rmsnorm with
 algorithm="fused" (the one kernel) against the composition over the
 one-shot LL all-reduce, for several shapes and dtypes (rows spanning several
 LL16 regions included), followed by a plain all-reduce in the same program and
@@ -7,14 +7,14 @@ repeated. new_residual must be bitwise the composition's (the same rank-order
 float32 sum and one rounding), normed within a rounding or two (the sum of
 squares is reduced in another order than XLA's), every run the first run's bits.
 algorithm="auto" must take the fused kernel exactly for the cases of at most
-jaxll.fused.fused_auto_max_bytes (more where "fused" runs on the sentinel
+jaxll.choice.fused_auto_max_bytes (more where "fused" runs on the sentinel
 exchange in a group of 2), with the bits of the path it took.
 algorithm="fused_sentinel" (the kernel on the sentinel exchange) and
 "fused_twoshot_sentinel" (the two-shot kernel) must serve every case but the
 64 x 16384 one (beyond one round or one row-wave: refused with ValueError) with
 the same checks as "fused", and the LL16 kernel's new_residual bits; in groups
 of 8 a named exchange's refusal of another case is listed under "refused"
-rather than failed (session 22, 8 processes: fused_sentinel and
+rather than failed (on one shared H100 with 8 processes: fused_sentinel and
 fused_twoshot_sentinel at 64 x 16384, fused_sentinel at 16 x 8192 float16).
 
   python rmsnorm_check.py [--runs 10]
@@ -32,7 +32,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from jaxll import launch  # noqa: E402
+from jaxll.tools import launch  # noqa: E402
 
 pid = launch.init_worker()
 import jaxll  # noqa: E402
@@ -101,7 +101,7 @@ for (tokens, hidden), dtype in CASES:
   auto = step("auto")
   took = any(s.algorithm.startswith("fused_") for s in jaxll.explain(auto, *args))
   nbytes = tokens * hidden * np.dtype(dtype).itemsize
-  small = nbytes <= jaxll.fused.fused_auto_max_bytes(
+  small = nbytes <= jaxll.choice.fused_auto_max_bytes(
       n, any(p.endswith("_sentinel") for p in paths), any("twoshot" in p for p in paths))
   if took != small:
     report["errors"].append(f"{key}: auto took the fused kernel: {took}, expected {small}")

@@ -1,4 +1,4 @@
-"""One process of the tensor-parallel model check (run by jaxll.launch): the
+"""One process of the tensor-parallel model check (run by jaxll.tools.launch): the
 model of tests/tp_model.py (forward, gradient, decode loop) over a
 (dp, tp) = (1, N) mesh whose tp ranks are the launched processes, written with
 jaxll's region helpers and with psum inside jaxll.route_psums. Reports, per
@@ -28,7 +28,7 @@ if not GPU:
   jax.config.update("jax_platforms", "cpu")
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
-from jaxll import launch  # noqa: E402
+from jaxll.tools import launch  # noqa: E402
 
 pid = launch.init_worker()
 jax.config.update("jax_default_matmul_precision", "highest")  # f32 matmuls, not TF32

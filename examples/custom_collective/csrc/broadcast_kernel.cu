@@ -4,7 +4,7 @@
 //
 // Every round also carries one token packet from every rank to every peer.
 // That keeps the invariant jaxll's own kernels rely on when they reuse scratch
-// (jaxll/rank_view.cuh, all_reduce_common.cuh): in every round each rank hears
+// (jaxll/rank_view.cuh, jaxll/round.cuh): in every round each rank hears
 // from each peer something sent after the peer finished the round before, so a
 // slot written at epoch e is never written again (epoch e + 2, same parity)
 // before its reader is done with it, whatever kernels (this one or jaxll's

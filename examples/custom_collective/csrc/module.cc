@@ -82,7 +82,7 @@ struct VirtualRun {
 };
 
 // The broadcast on the `nranks` virtual ranks of workspace `workspace`
-// (jaxll.testing.virtual_workspace, on CUDA device `ordinal`), driven from the
+// (jaxll.tools.testing.virtual_workspace, on CUDA device `ordinal`), driven from the
 // host: rank r's input is bytes [r * size, (r + 1) * size) of `inputs`; returns
 // every rank's output, concatenated the same way. The ranks' kernels go
 // breadth-first, each on a stream of its own, as the extension API asks.

@@ -38,11 +38,11 @@ def kernels_available() -> bool:
 def virtual_broadcast(x, *, root: int = 0, device=None) -> np.ndarray:
   """The kernel on virtual ranks (several ranks on one GPU, for tests): row r
   of ``x`` (shape ``(N, ...)``) is rank r's input, run by the N virtual ranks
-  of ``jaxll.testing.virtual_workspace(N)`` on `device` (the first GPU by
+  of ``jaxll.tools.testing.virtual_workspace(N)`` on `device` (the first GPU by
   default); returns the N ranks' outputs (each should be ``x[root]``)."""
   if _ext is None:
     raise RuntimeError("custom_collective.virtual_broadcast needs the compiled kernel and jaxll's")
-  from jaxll import testing
+  from jaxll.tools import testing
   x = np.ascontiguousarray(np.asarray(x))
   n = x.shape[0]
   if not 0 <= root < n:

@@ -1,4 +1,4 @@
-"""One process of test_kernel_in_processes_sharing_a_gpu (run by jaxll.launch):
+"""One process of test_kernel_in_processes_sharing_a_gpu (run by jaxll.tools.launch):
 broadcasts of several sizes and roots through the kernel, interleaved with
 jaxll all-reduces in one jitted program, repeated; every result checked."""
 import numpy as np
@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 import custom_collective as cc
 import jaxll
-from jaxll import launch
+from jaxll.tools import launch
 
 launch.init_worker()
 n = jax.device_count()

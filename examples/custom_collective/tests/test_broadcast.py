@@ -45,10 +45,12 @@ def test_gpu_lowering_is_chained_with_jaxll_calls(mesh, monkeypatch):
   # Cross-lowered for CUDA (no GPU needed), with the workspace lookup forced:
   # the broadcast takes the order value of the all-reduce before it and hands
   # its own to the one after it.
-  from jaxll import lowering
-  monkeypatch.setattr(lowering, "workspace_for", lambda ctx, axes: (7, 8, ""))
-  monkeypatch.setattr(lowering, "decide", lambda ctx, aval, axes, op, requested:
-                      lowering.Decision("oneshot_ll", "forced by the test", 7, 8))
+  import sys
+  from jaxll import placement
+  ALL_REDUCE = sys.modules["jaxll.all_reduce"]  # (the module; jaxll.all_reduce is the function)
+  monkeypatch.setattr(placement, "workspace_for", lambda ctx, axes: (7, 8, ""))
+  monkeypatch.setattr(ALL_REDUCE, "decide", lambda ctx, aval, axes, op, requested:
+                      ALL_REDUCE.Decision("oneshot_ll", "forced by the test", 7, 8))
   monkeypatch.setattr(cc, "_ext", object())  # as if the kernel were loaded
 
   def body(v):
@@ -88,7 +90,7 @@ def test_kernel_on_virtual_ranks(n):
 def test_kernel_in_processes_sharing_a_gpu(processes):
   if not (cc.kernels_available() and any(d.platform == "gpu" for d in jax.devices())):
     pytest.skip("needs a GPU and the compiled kernel")
-  from jaxll import launch
+  from jaxll.tools import launch
   workers = launch.run(os.path.join(HERE, "gpu_worker.py"), processes, timeout=600,
                        devices=["0"] * processes,
                        env={"PYTHONPATH": os.pathsep.join(sys.path)})

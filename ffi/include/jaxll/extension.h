@@ -42,8 +42,8 @@ namespace jaxll {
 
 // 2: WorkspaceHeader gained the row-norm exchange; 3: get_rank_view_of;
 // 4: the FFI attribute that carries the workspace id is `workspace` (was
-// `comm`), register_loader
-constexpr uint32_t kExtensionApiVersion = 4;
+// `comm`), register_loader; 5: kExtensionHasError fills the view too
+constexpr uint32_t kExtensionApiVersion = 5;
 
 // What get_rank_view returns.
 enum ExtensionStatus : int {
@@ -51,7 +51,8 @@ enum ExtensionStatus : int {
   kExtensionNoWorkspace = 1,  // no such workspace (freed by jaxll.free_workspaces()?)
   kExtensionNotMember = 2,    // the device is not a rank of it (or it is not connected)
   kExtensionHasError = 3,     // a kernel recorded an error there: fail the call (the
-                              // message says which); jaxll.reset() clears it
+                              // message says which; the view is filled too, for a test
+                              // that watches the kernels poison); jaxll.reset() clears it
   kExtensionBadArgument = 4,  // register_loader: a null loader
   kExtensionCudaError = 5,    // register_loader: the loader failed (the message is its)
 };
@@ -71,7 +72,7 @@ struct ExtensionApi {
                        size_t error_len);
   // Fills *view with rank `rank` of group `group` of workspace `workspace`,
   // whatever device it is on: the way to the ranks of a virtual workspace
-  // (jaxll.testing.virtual_workspace: several ranks on one device, where the
+  // (jaxll.tools.testing.virtual_workspace: several ranks on one device, where the
   // ordinal does not tell them apart) for a host-driven test of an extension's
   // kernel. A virtual rank's kernel runs on a stream of its own, the ranks'
   // calls issued breadth-first (every rank's call, then anything that waits on

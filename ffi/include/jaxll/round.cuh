@@ -56,7 +56,7 @@ __device__ __forceinline__ bool block_failed(bool ok) { return __syncthreads_or(
 // it, one peer each, right at the start (the host gives blocks a spare warp for
 // it where there is room, so it runs beside the data path; the fused two-shot
 // kernel, where it has none, takes threads that only receive instead:
-// twoshot_signature_lane in jaxll's all_reduce_rmsnorm.cu); at the end the
+// twoshot_signature_lane in jaxll's rmsnorm_twoshot.cuh); at the end the
 // block learns whether any thread failed. A slot, once checked, is reset to a
 // packet whose two flags differ (never ready), so no stale signature is ever
 // taken for a current one.

@@ -1,0 +1,38 @@
+// The one launch path of jaxll's kernels, and the two rules it follows: when a
+// grid may launch early (programmatic dependent launch) and how many thread-block
+// clusters a rank may keep resident.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "jaxll/rank_view.h"
+#include "kernels/status.h"
+
+namespace jaxll {
+
+// Whether a grid of `blocks` blocks on `view`'s workspace launches with
+// programmatic dependent launch: only where the workspace allows it and two of
+// the rank's grids fit within its co-residency bound (the grid may then be
+// resident beside the one ahead of it on the stream).
+bool launches_early(const RankView& view, int64_t blocks);
+
+// Launches collective kernel `fn` with its one argument struct `args`, as a
+// programmatic dependent launch when `pdl`, in thread-block clusters of
+// `cluster` consecutive blocks when `cluster` > 1 (it must divide `blocks`);
+// a grid of `blocks` x `ranks` (ranks > 1: every rank of a virtual group in one
+// launch, ffi/testing).
+Status launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, void* args,
+                         cudaStream_t stream, int cluster = 1, int ranks = 1);
+
+// How many clusters of `cluster` blocks of `threads` threads of kernel `fn` a
+// rank on `view`'s workspace may keep resident at once: the device's capacity
+// for such clusters (cudaOccupancyMaxActiveClusters on the current device)
+// times the rank's share of the co-residency bound (view.max_blocks over the
+// SM count times fn's blocks per SM at kBlockThreads), so that every rank
+// sharing the GPU fits its clusters beside the others'. 0 where the device
+// cannot launch clusters. Cached per device, kernel and shape.
+int64_t cluster_allowance(const void* fn, int cluster, int threads, const RankView& view);
+
+}  // namespace jaxll

@@ -1,0 +1,18 @@
+// An FFI handler's way to its rank: the workspace the call names, held for the
+// handler's duration, and the rank on the call's device.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/registry.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxll {
+
+// The rank of workspace `workspace_id` (held by `hold`, which the caller keeps
+// until its launch is enqueued) on CUDA device `ordinal`, ready for a call: it
+// exists, the device is a member, and no kernel recorded an error there.
+xla::ffi::Error find_rank(const WorkspaceRef& hold, int64_t workspace_id, int32_t ordinal,
+                          Workspace** ws, Rank** rank);
+
+}  // namespace jaxll

@@ -1,0 +1,120 @@
+"""Which path each call site of a jaxll collective took.
+
+Every lowering rule tags the ops it emits with a frontend attribute
+``jaxll_call`` describing its decision (visible in ``jax.jit(f).lower(...)
+.as_text()`` and in XLA's HLO dumps), keeps the last decisions in memory, and
+logs them on the ``jaxll`` logger at INFO level (``JAXLL_LOG_PATHS=1`` turns
+that on).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import re
+import threading
+
+from jax._src.lib.mlir import ir
+
+from jaxll import settings
+
+logger = logging.getLogger("jaxll")
+
+if settings.log_paths():
+  logger.setLevel(logging.INFO)
+  if not logger.handlers:
+    logger.addHandler(logging.StreamHandler())
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSite:
+  """The decision taken for one call site of a jaxll collective (``op`` says which:
+  sum/max/min for ``jaxll.all_reduce``, sum+rmsnorm, all_gather, psum_scatter)."""
+  site: str          # "file.py:LINE (function)" of the user's call, when known, then
+                     # " <- caller" for each user function that called it directly
+  axes: str          # mesh axes reduced over, comma-separated
+  group_size: int    # devices per reduction group (0 if unknown)
+  shape: str         # per-device shape, e.g. "(1024,)"
+  dtype: str
+  nbytes: int        # bytes per device
+  op: str
+  requested: str     # algorithm asked for
+  algorithm: str     # algorithm it lowered to ("xla" = XLA's own all-reduce)
+  reason: str
+  workspace: int     # workspace id (0 for xla)
+
+  def encode(self) -> str:
+    parts = []
+    for f in dataclasses.fields(self):
+      text = str(getattr(self, f.name))
+      text = text.replace(";", ",").replace("=", ":").replace('"', "'").replace("\\", "/")
+      parts.append(f"{f.name}={text}")
+    return ";".join(parts)
+
+  @classmethod
+  def decode(cls, text: str) -> "CallSite":
+    values = dict(part.split("=", 1) for part in text.split(";"))
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+      v = values.get(f.name, "")
+      kwargs[f.name] = int(v) if f.type in ("int", int) else v
+    return cls(**kwargs)
+
+
+ATTRIBUTE = "jaxll_call"
+_recent: collections.deque[CallSite] = collections.deque(maxlen=1000)
+_recent_lock = threading.Lock()
+
+
+def tag(results, site: CallSite) -> None:
+  """Records `site` on the ops that produce `results` (the ``jaxll_call``
+  frontend attribute, which explain reads back from the lowered text)."""
+  value = ir.StringAttr.get(site.encode())
+  for r in results:
+    owner = getattr(r, "owner", None)
+    if owner is None:
+      continue
+    op = getattr(owner, "operation", owner)
+    existing = {}
+    if "mhlo.frontend_attributes" in op.attributes:
+      old = ir.DictAttr(op.attributes["mhlo.frontend_attributes"])
+      existing = {old[i].name: old[i].attr for i in range(len(old))}
+    existing[ATTRIBUTE] = value
+    op.attributes["mhlo.frontend_attributes"] = ir.DictAttr.get(existing)
+
+
+def record(site: CallSite) -> None:
+  with _recent_lock:
+    _recent.append(site)
+  logger.info("jaxll %s at %s: %s (%s) for %s %s over %s", site.op,
+              site.site, site.algorithm, site.reason, site.shape, site.dtype, site.axes)
+
+
+def recent_call_sites() -> list[CallSite]:
+  """Decisions of the most recent lowerings in this process (up to 1000)."""
+  with _recent_lock:
+    return list(_recent)
+
+
+_ATTR_RE = re.compile(ATTRIBUTE + r'\s*=\s*"([^"]*)"')
+
+
+def call_sites_in(text: str) -> list[CallSite]:
+  """The decisions recorded in lowered StableHLO / HLO text, in program order."""
+  return [CallSite.decode(m.group(1)) for m in _ATTR_RE.finditer(text)]
+
+
+def explain(fn, *args, **kwargs) -> list[CallSite]:
+  """Lowers ``jax.jit(fn)`` for these arguments and returns, for every
+  jaxll collective call site in it (``all_reduce``, ``all_reduce_rmsnorm``,
+  ``all_gather``, ``psum_scatter``), the path it took.
+
+  Example::
+
+    for site in jaxll.explain(step, params, batch):
+      print(site.site, site.algorithm, site.reason)
+  """
+  import jax
+  jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+  return call_sites_in(jitted.lower(*args, **kwargs).as_text())

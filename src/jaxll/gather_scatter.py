@@ -1,0 +1,376 @@
+"""``jaxll.all_gather`` and ``jaxll.psum_scatter``: drop-ins for
+``jax.lax.all_gather`` and ``jax.lax.psum_scatter`` inside ``jax.shard_map``.
+
+Each is a primitive of its own (``jaxll_all_gather``, ``jaxll_psum_scatter``)
+that borrows its typing from JAX's ``all_gather`` and ``reduce_scatter``
+primitives, so result shapes, dtypes, ``check_vma`` types and error messages
+are theirs. Both are linear: all_gather transposes to psum_scatter over the
+same axes and dimension, and psum_scatter to all_gather, each through jaxll's
+primitive (so a backward pass reaches jaxll's kernels too). ``vmap`` follows
+JAX's rules: a batch dimension is more data for the same collective, and a
+collective over the vmapped axis itself is computed locally.
+
+Lowering: ``algorithm="oneshot_ll"`` (LL16, barrier-free),
+``"oneshot_sentinel"`` (full-width stores into scratch that holds a NaN
+pattern until written, barrier-free; floating types only: a gathered element
+whose bits are all ones arrives as the canonical NaN) or ``"oneshot_barrier"``
+(plain stores between two flag barriers, the baseline) runs jaxll's kernel
+(``ffi/kernels/gather_scatter.cu``) where a workspace serves the axes, for
+float32, bfloat16, float16 and int32, gathering along (or scattering)
+dimension 0, and raises AlgorithmUnavailableError elsewhere. Messages of any
+size go in rounds of one scratch region per block, alternating the two
+scratch buffers by epoch parity.
+``"auto"`` takes a kernel where one can serve and every rank moves at most
+jaxll.all_reduce's auto crossover (the gathered result, or the scattered
+input), else XLA's collective (exactly what ``jax.lax`` emits); of the kernels,
+LL16 for small pieces and the sentinel kernel from the piece size where that
+one measured faster (``jaxll.choice.gather_scatter_auto``, from
+``jaxll/tuning/gather_scatter.json``). ``"xla"`` always lowers to XLA's. Every
+call site is recorded for ``jaxll.explain``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import numpy as np
+from jax import lax
+from jax._src import core
+from jax._src import dispatch
+from jax._src.interpreters import ad, batching, mlir
+from jax._src.lax import parallel
+
+from jaxll import algorithms, call_sites, choice, ordering, placement, sites
+from jaxll.all_reduce import _check_axes_bound, _normalize_axes, dtypes_extended
+from jaxll.placement import AlgorithmUnavailableError
+
+all_gather_p = core.Primitive("jaxll_all_gather")
+psum_scatter_p = core.Primitive("jaxll_psum_scatter")
+
+# The algorithms these collectives take.
+KERNEL_ALGORITHMS = ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier")
+ALGORITHMS = ("auto", "xla") + KERNEL_ALGORITHMS
+# The dtypes the kernels take (kept here for installs without kernels; a unit
+# test checks them against the native table, _jaxll.has_gather_scatter_kernel).
+_KERNEL_DTYPES = frozenset(["float32", "bfloat16", "float16", "int32"])
+# The sentinel protocol's pattern (all ones) is a NaN of each floating type and a
+# valid int32.
+_SENTINEL_DTYPES = frozenset(["float32", "bfloat16", "float16"])
+
+
+
+def _map_leaves(name: str, x, axis_name, algorithm: str, bind_leaf):
+  """Checks the call and applies ``bind_leaf(v, axes, size, constant=...)`` to
+  every leaf of ``x``: traced leaves after the pvary that jax.lax's collectives
+  insert (``constant=False``), constants as they are (``constant=True``: jax.lax
+  computes those without communication). An empty axis tuple returns ``x``."""
+  if algorithm not in ALGORITHMS:
+    raise ValueError(f"jaxll.{name}: algorithm must be one of {list(ALGORITHMS)}, "
+                     f"got {algorithm!r}")
+  axes = _normalize_axes(axis_name, f"jaxll.{name}")
+  if not axes:
+    return x
+  _check_axes_bound(axes, f"jaxll.{name}")
+  size = _axis_size(axes)
+
+  def leaf(v):
+    v = _as_array(name, v)
+    if not isinstance(v, core.Tracer):
+      return bind_leaf(v, axes, size, constant=True)
+    return bind_leaf(parallel.insert_collective_pvary(axes, v), axes, size, constant=False)
+
+  return jax.tree_util.tree_map(leaf, x)
+
+
+def _axis_size(axes: tuple) -> int:
+  # psum of a Python constant is the group size, computed without communication
+  return int(lax.psum(1, axes))
+
+
+def _as_array(name: str, x):
+  if not hasattr(x, "dtype"):
+    x = jax.numpy.asarray(x)
+  if dtypes_extended(x.dtype):
+    raise TypeError(f"jaxll.{name}: unsupported dtype {x.dtype}")
+  return x
+
+
+def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
+               algorithm: str = "auto"):
+  """Gathers ``x`` from every device of the mesh axis (or axes) ``axis_name``.
+
+  Use it inside ``jax.shard_map`` where you would use ``jax.lax.all_gather``:
+  the result, its shape and dtype, its type under ``check_vma``, ``jit``,
+  ``grad`` and ``vmap`` behave the same. With ``tiled=False`` the gathered
+  pieces are stacked along a new axis at position ``axis``; with
+  ``tiled=True`` they are concatenated along the existing axis ``axis``. For
+  several axis names the pieces are in row-major order over the names as given.
+  ``x`` may be a pytree; an empty ``axis_name`` tuple returns ``x``.
+
+  Args:
+    x: array (or pytree of arrays), the per-device value.
+    axis_name: a mesh axis name, or a tuple of them.
+    axis: where the pieces go (see above).
+    tiled: concatenate (True) or stack (False).
+    algorithm: ``"oneshot_ll"``, ``"oneshot_sentinel"`` or
+      ``"oneshot_barrier"``: jaxll's kernel (float32, bfloat16, float16,
+      int32, sentinel not int32; ``axis=0``; raises
+      AlgorithmUnavailableError where it cannot serve); ``"auto"``: the LL16
+      or sentinel kernel (as measured faster) where one serves and the
+      gathered result is at most the auto crossover, else XLA's all-gather
+      (module docstring); ``"xla"``: XLA's.
+  """
+  def bind(v, axes, size, constant):
+    if constant:
+      return lax.all_gather(v, axes, axis=axis, tiled=tiled)
+    dim = _canonical_axis("all_gather", axis, np.ndim(v) if tiled else np.ndim(v) + 1)
+    return all_gather_p.bind(v, all_gather_dimension=dim, axis_name=axes, axis_size=size,
+                             tiled=bool(tiled), algorithm=algorithm)
+
+  return _map_leaves("all_gather", x, axis_name, algorithm, bind)
+
+
+def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = False,
+                 algorithm: str = "auto"):
+  """Sums ``x`` over the mesh axis (or axes) ``axis_name`` and keeps this
+  device's piece of the sum along ``scatter_dimension``.
+
+  Use it inside ``jax.shard_map`` where you would use ``jax.lax.psum_scatter``:
+  results, shapes, dtypes, ``check_vma`` types, ``jit``, ``grad`` and ``vmap``
+  behave the same. With ``tiled=False`` dimension ``scatter_dimension`` must
+  have the group's size and is removed from the result; with ``tiled=True`` it
+  must be a multiple of the group's size and is divided by it. ``x`` may be a
+  pytree; an empty ``axis_name`` tuple returns ``x``.
+
+  Args:
+    x: array (or pytree of arrays), the per-device value.
+    axis_name: a mesh axis name, or a tuple of them.
+    scatter_dimension: the dimension the sum is split along.
+    tiled: keep (True) or remove (False) the scattered dimension.
+    algorithm: ``"oneshot_ll"``, ``"oneshot_sentinel"`` or
+      ``"oneshot_barrier"``: jaxll's kernel (float32, bfloat16, float16,
+      int32, sentinel not int32; ``scatter_dimension=0``; the sum
+      in rank order, as jaxll.all_reduce; raises AlgorithmUnavailableError
+      where it cannot serve); ``"auto"``: the LL16 or sentinel kernel (as
+      measured faster) where one serves and ``x`` is at most the auto
+      crossover, else XLA's reduce-scatter (module docstring); ``"xla"``: XLA's.
+  """
+  def bind(v, axes, size, constant):
+    if constant:
+      return lax.psum_scatter(v, axes, scatter_dimension=scatter_dimension, tiled=tiled)
+    if np.ndim(v) == 0:
+      raise ValueError("jaxll.psum_scatter: x must have at least one dimension to scatter")
+    dim = _canonical_axis("psum_scatter", scatter_dimension, np.ndim(v))
+    return psum_scatter_p.bind(v, scatter_dimension=dim, axis_name=axes, axis_size=size,
+                               tiled=bool(tiled), algorithm=algorithm)
+
+  return _map_leaves("psum_scatter", x, axis_name, algorithm, bind)
+
+
+def _canonical_axis(name: str, axis, ndim: int) -> int:
+  if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+    raise TypeError(f"jaxll.{name}: the dimension must be an int, got {axis!r}")
+  if not -ndim <= axis < ndim:
+    raise ValueError(f"jaxll.{name}: dimension {axis} is out of range for {ndim} dimensions")
+  return int(axis) % ndim
+
+
+# --- Typing: JAX's own primitives ---------------------------------------------------
+
+def _gather_abstract_eval(aval, *, all_gather_dimension, axis_name, axis_size, tiled,
+                          algorithm):
+  del algorithm
+  return parallel.all_gather_p.abstract_eval(
+      aval, all_gather_dimension=all_gather_dimension, axis_name=axis_name,
+      axis_index_groups=None, axis_size=axis_size, tiled=tiled)
+
+
+def _scatter_abstract_eval(aval, *, scatter_dimension, axis_name, axis_size, tiled,
+                           algorithm):
+  del algorithm
+  return parallel.reduce_scatter_p.abstract_eval(
+      aval, scatter_dimension=scatter_dimension, axis_name=axis_name,
+      axis_index_groups=None, axis_size=axis_size, tiled=tiled)
+
+
+all_gather_p.def_effectful_abstract_eval(_gather_abstract_eval)
+psum_scatter_p.def_effectful_abstract_eval(_scatter_abstract_eval)
+all_gather_p.def_impl(partial(dispatch.apply_primitive, all_gather_p))
+psum_scatter_p.def_impl(partial(dispatch.apply_primitive, psum_scatter_p))
+
+
+# --- Differentiation: each is the other's transpose ---------------------------------
+
+def _gather_transpose(ct, x, *, all_gather_dimension, axis_name, axis_size, tiled,
+                      algorithm):
+  del x
+  if type(ct) is ad.Zero:
+    return (None,)
+  return (psum_scatter_p.bind(ct, scatter_dimension=all_gather_dimension,
+                              axis_name=axis_name, axis_size=axis_size, tiled=tiled,
+                              algorithm=algorithm),)
+
+
+def _scatter_transpose(ct, x, *, scatter_dimension, axis_name, axis_size, tiled,
+                       algorithm):
+  del x
+  if type(ct) is ad.Zero:
+    return (None,)
+  return (all_gather_p.bind(ct, all_gather_dimension=scatter_dimension,
+                            axis_name=axis_name, axis_size=axis_size, tiled=tiled,
+                            algorithm=algorithm),)
+
+
+ad.deflinear2(all_gather_p, _gather_transpose)
+ad.deflinear2(psum_scatter_p, _scatter_transpose)
+
+
+# --- Batching -------------------------------------------------------------------------
+
+def _gather_batch(axis_data, vals_in, dims_in, *, all_gather_dimension, axis_name,
+                  axis_size, tiled, algorithm):
+  (x,), (d,) = vals_in, dims_in
+  params = dict(axis_name=axis_name, axis_size=axis_size, tiled=tiled, algorithm=algorithm)
+  if axis_data.name not in axis_name:
+    if d is None:
+      return all_gather_p.bind(x, all_gather_dimension=all_gather_dimension, **params), None
+    # The batch dimension is more data for the same gather: keep it where it is
+    # in the output (a stacked gather inserts a dimension before or after it).
+    dim = all_gather_dimension + 1 if d <= all_gather_dimension else all_gather_dimension
+    out_d = d if (tiled or d < dim) else d + 1
+    return all_gather_p.bind(x, all_gather_dimension=dim, **params), out_d
+  # A gather over the vmapped axis itself is a local stack (or concatenation).
+  if len(axis_name) > 1:
+    raise NotImplementedError(
+        "jaxll.all_gather over a vmapped axis together with other axes is not "
+        "supported (nor is it by jax.lax.all_gather)")
+  if d is None:
+    shape = list(np.shape(x))
+    shape.insert(all_gather_dimension, axis_size)
+    dims = [i for i in range(len(shape)) if i != all_gather_dimension]
+    y = lax.broadcast_in_dim(x, shape, dims)
+  else:
+    y = jax.numpy.moveaxis(x, d, all_gather_dimension)
+  if tiled:
+    shape = list(y.shape)
+    merged = shape[all_gather_dimension] * shape[all_gather_dimension + 1]
+    y = y.reshape(shape[:all_gather_dimension] + [merged] + shape[all_gather_dimension + 2:])
+  return y, None
+
+
+def _scatter_batch(axis_data, vals_in, dims_in, *, scatter_dimension, axis_name,
+                   axis_size, tiled, algorithm):
+  (x,), (d,) = vals_in, dims_in
+  params = dict(axis_name=axis_name, axis_size=axis_size, tiled=tiled, algorithm=algorithm)
+  if axis_data.name not in axis_name:
+    if d is None:
+      return psum_scatter_p.bind(x, scatter_dimension=scatter_dimension, **params), None
+    dim = scatter_dimension + 1 if d <= scatter_dimension else scatter_dimension
+    out_d = d if (tiled or d < dim) else d - 1
+    return psum_scatter_p.bind(x, scatter_dimension=dim, **params), out_d
+  # A reduce-scatter over the vmapped axis itself: the sum over the batch,
+  # whose pieces along scatter_dimension become the batch.
+  if len(axis_name) > 1:
+    raise NotImplementedError(
+        "jaxll.psum_scatter over a vmapped axis together with other axes is not "
+        "supported (nor is it by jax.lax.psum_scatter)")
+  if d is None:
+    y = x * np.array(axis_size, dtype=x.dtype)
+  else:
+    y = jax.numpy.sum(x, axis=d, dtype=x.dtype)
+  if tiled:
+    shape = list(y.shape)
+    piece = shape[scatter_dimension] // axis_size
+    y = y.reshape(shape[:scatter_dimension] + [axis_size, piece] + shape[scatter_dimension + 1:])
+  return y, scatter_dimension
+
+
+batching.fancy_primitive_batchers[all_gather_p] = _gather_batch
+batching.fancy_primitive_batchers[psum_scatter_p] = _scatter_batch
+
+
+# --- Lowering: jaxll's kernel or XLA's collective, recorded for explain --------------
+
+def _xla_rule(prim, ctx):
+  platforms = placement.platforms(ctx)
+  for p in platforms:
+    entry = mlir._platform_specific_lowerings[p].get(prim)
+    if entry is not None:
+      return entry.rule
+  return mlir._lowerings[prim].rule
+
+
+def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, str, str]:
+  """(workspace id, kernel algorithm, reason): the kernel's workspace, or 0 for
+  XLA's collective."""
+  if algorithm == "xla":
+    return 0, "xla", "algorithm='xla' requested"
+  if algorithm != "auto":  # (auto: workspace_for below says why, as before)
+    reason = placement.disabled_reason(ctx, algorithm, op)
+    if reason:
+      return 0, "xla", reason
+  aval = ctx.avals_in[0]
+  problem = ""
+  dtypes = _SENTINEL_DTYPES if algorithm == "oneshot_sentinel" else _KERNEL_DTYPES
+  if np.dtype(aval.dtype).name not in dtypes:
+    problem = f"no {op} kernel for {np.dtype(aval.dtype)}"
+  elif dim != 0:
+    problem = (f"the kernel {'gathers along axis' if op == 'all_gather' else 'scatters dimension'}"
+               f" 0 only, not {dim}")
+  elif aval.size == 0:
+    problem = "empty array"
+  if algorithm == "auto":
+    if problem:
+      return 0, "xla", f"auto: {problem}"
+    # (the size before the workspace: a call that goes to XLA builds none)
+    kernel, reason = choice.gather_scatter_auto(op, placement.group_size(ctx, axes),
+                                                int(aval.size) * np.dtype(aval.dtype).itemsize,
+                                                aval.dtype)
+    if kernel == "xla":
+      return 0, "xla", reason
+    ws, _, problem = placement.workspace_for(ctx, axes)
+    return (0, "xla", f"auto: {problem}") if problem else (ws, kernel, reason)
+  if not problem:
+    ws, _, problem = placement.workspace_for(ctx, axes)
+  if problem:
+    raise AlgorithmUnavailableError(
+        f"jaxll.{op}(algorithm={algorithm!r}) cannot serve the call at {sites.site_of(ctx)} "
+        f"({aval.str_short()} over {axes}): {problem}")
+  return ws, algorithm, f"algorithm={algorithm!r} requested"
+
+
+def _lower(ctx, x, prim, op: str, dim: int, axes: tuple, size: int, algorithm: str, params):
+  ws, kernel, reason = _decide(ctx, op, axes, algorithm, dim)
+  if ws:
+    out = ordering.emit_ordered_call(
+        ctx, "jaxll_gather_scatter", [x], workspace=ws,
+        collective=np.int64(algorithms.COLLECTIVE_CODES[op]),
+        algorithm=np.int64(algorithms.SPECS[kernel].code))
+  else:
+    out = _xla_rule(prim, ctx)(ctx, x, axis_name=axes, axis_index_groups=None,
+                               axis_size=size, **params)
+  aval = ctx.avals_in[0]
+  site = call_sites.CallSite(
+      site=sites.site_of(ctx), axes=",".join(map(str, axes)), group_size=size,
+      shape=str(tuple(aval.shape)), dtype=str(np.dtype(aval.dtype)),
+      nbytes=int(aval.size) * np.dtype(aval.dtype).itemsize, op=op, requested=algorithm,
+      algorithm=kernel if ws else "xla", reason=reason, workspace=ws)
+  call_sites.tag(out, site)  # (jaxll.explain reads it back from the lowered text)
+  call_sites.record(site)
+  return out
+
+
+def _gather_lowering(ctx, x, *, all_gather_dimension, axis_name, axis_size, tiled, algorithm):
+  return _lower(ctx, x, parallel.all_gather_p, "all_gather", all_gather_dimension, axis_name,
+                axis_size, algorithm,
+                dict(all_gather_dimension=all_gather_dimension, tiled=tiled))
+
+
+def _scatter_lowering(ctx, x, *, scatter_dimension, axis_name, axis_size, tiled, algorithm):
+  return _lower(ctx, x, parallel.reduce_scatter_p, "psum_scatter", scatter_dimension, axis_name,
+                axis_size, algorithm, dict(scatter_dimension=scatter_dimension, tiled=tiled))
+
+
+mlir.register_lowering(all_gather_p, _gather_lowering, cacheable=False)
+mlir.register_lowering(psum_scatter_p, _scatter_lowering, cacheable=False)

@@ -1,0 +1,5 @@
+import sys
+
+from jaxll.tools.bench.cli import main
+
+sys.exit(main())
