@@ -37,6 +37,9 @@ def test_tp_decode_psum_and_jaxll_agree(tmp_path, processes):
   assert jaxll_run["paths"] == ["xla"] and jaxll_run["call_sites"] == 2  # 2 per layer (scan)
   assert all(r["itl_ms_median"] > 0 and r["tokens_per_s"] > 0 for r in report["runs"].values())
   assert "same tokens (psum, jaxll): yes" in stdout and "ran on" in stdout
+  # both sides ran XLA's all-reduce: the report claims no speedup
+  assert "jaxll vs psum: both on XLA's all-reduce here" in stdout
+  assert "x)" not in stdout.split("jaxll vs psum")[1].splitlines()[0]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -68,6 +71,7 @@ def test_cg_solver_psum_and_jaxll_agree(tmp_path, processes, halo):
     assert run["iters_to_tol"] is not None and run["final_residual"] < 1e-4, run
   assert report["runs"]["jaxll"]["paths"] == ["xla"]
   assert "residual histories identical" in stdout
+  assert "jaxll vs psum: both on XLA's all-reduce here" in stdout  # (no speedup claimed)
 
 
 def test_tp_decode_rejects_a_rank_count_that_does_not_divide_the_heads(tmp_path):
