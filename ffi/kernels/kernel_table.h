@@ -19,9 +19,10 @@ namespace jaxll {
 
 enum class Family { kOneShot, kTwoShot, kTwoShotAtomic };
 
-// Group sizes with kernels compiled for exactly that many ranks (their loops
-// over peers unroll); every other size uses the NR = 0 instance (any n). One
-// rank is a group too: a forced kernel on a one-device mesh runs it.
+// Group sizes with sum kernels compiled for exactly that many ranks (their
+// loops over peers unroll); every other size, and max and min, use the NR = 0
+// instance (any n). One rank is a group too: a forced kernel on a one-device
+// mesh runs it.
 constexpr int kSpecializedRanks[] = {1, 2, 4, 8};
 constexpr int kRankVariants = 1 + static_cast<int>(sizeof(kSpecializedRanks) / sizeof(int));
 
@@ -110,8 +111,9 @@ struct ProtoTag {
 
 // The (protocol, dtype, op) combinations the one-shot and two-shot families
 // compile: LL16 for every dtype and op, sentinel for the float dtypes and every
-// op, the barrier baselines for sum; each for any group size and for each of
-// kSpecializedRanks. `Kernel<P, T, Op, NR>::fn()` names the instance (the
+// op, the barrier baselines for sum; each for any group size, and sums also for
+// each of kSpecializedRanks (max and min, rare in models, keep to the any-size
+// instance: specializing them too would nearly double these files' build time). `Kernel<P, T, Op, NR>::fn()` names the instance (the
 // production kernel, or in ffi/testing its twin for a virtual group's launch).
 template <template <Proto, class, class, int> class Kernel>
 void register_family(KernelTable& t, Family f) {
@@ -121,10 +123,12 @@ void register_family(KernelTable& t, Family f) {
     constexpr Proto P = decltype(proto)::value;
     auto add = [&](int nr, const void* fn) { t.add(f, P, dtype_of<T>(), op_of<Op>(), nr, fn); };
     add(0, Kernel<P, T, Op, 0>::fn());
-    add(1, Kernel<P, T, Op, 1>::fn());
-    add(2, Kernel<P, T, Op, 2>::fn());
-    add(4, Kernel<P, T, Op, 4>::fn());
-    add(8, Kernel<P, T, Op, 8>::fn());
+    if constexpr (op_of<Op>() == ReduceOp::kSum) {
+      add(1, Kernel<P, T, Op, 1>::fn());
+      add(2, Kernel<P, T, Op, 2>::fn());
+      add(4, Kernel<P, T, Op, 4>::fn());
+      add(8, Kernel<P, T, Op, 8>::fn());
+    }
   };
   auto ops = [&](auto proto, auto dtype) {
     one(proto, dtype, TypeTag<SumOp>{});

@@ -37,7 +37,9 @@ Status launch_all_reduce_rmsnorm_group(DType dtype, const RankView* views, int n
                                        const RmsNormOperands* ops, int64_t tokens, int64_t hidden,
                                        float eps, RmsNormProtocol protocol, cudaStream_t stream);
 
-// The group twins, for loading with the workspace and for the grid bound.
+// The group twins, for loading with the workspace and for the grid bound:
+// all of them, and the fused kernels' alone.
 std::vector<const void*> group_kernel_functions();
+std::vector<const void*> group_rmsnorm_kernel_functions();
 
 }  // namespace jaxll
