@@ -220,17 +220,8 @@ def test_config_validation_and_update():
     jaxll.set_config(scratch_bytes=old.scratch_bytes, timeout_ms=old.timeout_ms)
 
 
-def test_version_check_message():
-  assert native.version_mismatch("0.10.2", "0.10.2") is None
-  msg = native.version_mismatch("0.11.2", "0.10.2")
-  assert "built against jaxlib 0.11.2" in msg and "0.10.2 is installed" in msg
-  assert "--no-build-isolation" in msg
-
-
 @needs_kernels
 def test_extension_facts():
-  import jaxlib
-  assert ext.built_jaxlib_version == jaxlib.__version__
   assert ext.max_ranks >= 8 and ext.max_blocks >= 1
   # the runtime's handlers, and whether XLA may capture each into a command buffer
   assert {name: cb for name, (_, cb) in ext.handlers().items()} == {

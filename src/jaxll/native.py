@@ -1,32 +1,59 @@
-"""The compiled runtime (``jaxll._jaxll``): loads it, checks it matches the
-installed jaxlib, registers its XLA FFI targets. Where jaxll was installed
+"""The compiled runtime (``jaxll._jaxll``): loads it, checks that the installed
+jaxlib's XLA takes its FFI API version, registers its XLA FFI targets. Where jaxll was installed
 without its kernels, ``ext`` is None and every call lowers to XLA's
 collectives."""
 
 from __future__ import annotations
 
 import os
+import re
 
 import jax
 import jaxlib
 
 from jaxll import settings
 
-REBUILD_HINT = (
-    "Rebuild jaxll against the installed jaxlib, from the jaxll source tree:\n"
-    "  pip install --no-build-isolation --force-reinstall --no-deps .")
+REINSTALL_HINT = (
+    "Reinstall jaxll in this environment (pip builds it against the oldest jaxlib it "
+    "supports), from the jaxll source tree:\n  pip install --force-reinstall --no-deps .")
 
 
-def version_mismatch(built: str, installed: str) -> str | None:
-  """A message if an extension built against jaxlib `built` cannot be loaded by
-  jaxlib `installed`, else None. The XLA FFI ABI is versioned and a handler
-  built against newer headers is refused, so jaxll requires the exact version."""
-  if built == installed:
+def installed_ffi_api() -> tuple[int, int] | None:
+  """The XLA FFI API version (major, minor) of the installed jaxlib, read from
+  the FFI headers it ships (None where they are missing)."""
+  path = os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")
+  try:
+    with open(path) as f:
+      text = f.read()
+  except OSError:
     return None
-  return (f"jaxll was built against jaxlib {built}, but jaxlib {installed} is "
-          f"installed. The XLA FFI ABI is versioned, so the two must match.\n"
-          f"{REBUILD_HINT}\n(Set JAXLL_SKIP_VERSION_CHECK=1 to bypass this check "
-          f"at your own risk.)")
+  found = dict(re.findall(r"#define XLA_FFI_API_(MAJOR|MINOR) (\d+)", text))
+  if set(found) != {"MAJOR", "MINOR"}:
+    return None
+  return int(found["MAJOR"]), int(found["MINOR"])
+
+
+def load_problem(built_jaxlib: str, built_api: tuple[int, int], installed_jaxlib: str,
+                 installed_api: tuple[int, int] | None) -> str | None:
+  """Why a runtime compiled against the XLA FFI headers of jaxlib `built_jaxlib`
+  (FFI API `built_api`) cannot load in jaxlib `installed_jaxlib` (FFI API
+  `installed_api`, None: unknown), or None if it can. XLA takes handlers of its
+  own FFI API major version and of the same or an older minor version: a build
+  serves the jaxlib it was compiled against and newer ones of that major version."""
+  built = f"jaxlib {built_jaxlib} (XLA FFI API {built_api[0]}.{built_api[1]})"
+  if installed_api is None:
+    # no headers to read: only the very jaxlib it was compiled against is known to work
+    if built_jaxlib == installed_jaxlib:
+      return None
+    installed = f"jaxlib {installed_jaxlib}, whose XLA FFI API version is unknown"
+  else:
+    installed = f"jaxlib {installed_jaxlib} (XLA FFI API {installed_api[0]}.{installed_api[1]})"
+    if installed_api[0] == built_api[0] and installed_api[1] >= built_api[1]:
+      return None
+  return (f"jaxll's runtime was compiled against {built}, which {installed} cannot load: "
+          f"XLA loads handlers of its own FFI API major version and of the same or an older "
+          f"minor version.\n{REINSTALL_HINT}\n(Set JAXLL_SKIP_VERSION_CHECK=1 to load it "
+          f"anyway, at your own risk.)")
 
 
 _here = os.path.dirname(os.path.abspath(__file__))
@@ -42,13 +69,15 @@ except ImportError as e:  # pragma: no cover - depends on the installation
   if _compiled:
     raise ImportError(
         f"jaxll's compiled runtime (jaxll._jaxll) could not be loaded: {e}.\n"
-        "To install it again (needs nvcc for the kernels):\n  pip install jax "
-        "scikit-build-core nanobind\n  pip install --no-build-isolation .") from e
-  # Installed without nvcc (CMakeLists.txt): the package works, every call
+        f"{REINSTALL_HINT}") from e
+  # Built without a CUDA compiler (CMakeLists.txt): the package works, every call
   # lowers to XLA's collectives.
   ext = None
-  NO_KERNELS_REASON = ("jaxll was installed without its CUDA kernels (no nvcc at build "
-                       "time); reinstall with nvcc on the PATH to use them")
+  NO_KERNELS_REASON = (
+      "jaxll was installed without its CUDA kernels (its build found no CUDA compiler); "
+      "to get them on Linux, reinstall with pip's default build isolation, which fetches "
+      "NVIDIA's CUDA compiler wheels: pip install --force-reinstall --no-deps <jaxll source "
+      "or wheel> (README.md, \"No kernels?\")")
 
 
 def kernels_available() -> bool:
@@ -85,7 +114,8 @@ def create_workspace(groups, virtual: bool, scratch_bytes: int, timeout_ms: int,
 
 
 if ext is not None:
-  _problem = version_mismatch(ext.built_jaxlib_version, jaxlib.__version__)
+  _problem = load_problem(ext.built_jaxlib_version, tuple(ext.ffi_api_version),
+                          jaxlib.__version__, installed_ffi_api())
   if _problem and not settings.skip_version_check():
     raise ImportError(_problem)
   register_targets(ext)

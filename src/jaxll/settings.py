@@ -86,7 +86,8 @@ def auto_table_path() -> str | None:
 
 
 def skip_version_check() -> bool:
-  """JAXLL_SKIP_VERSION_CHECK: load the native module whatever jaxlib it was built against."""
+  """JAXLL_SKIP_VERSION_CHECK: load the native module even where the installed jaxlib's XLA
+  FFI API version is not one it takes (native.load_problem)."""
   return _flag("JAXLL_SKIP_VERSION_CHECK")
 
 

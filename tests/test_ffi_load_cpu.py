@@ -1,0 +1,69 @@
+"""CPU tier: the runtime loads in the installed jaxlib. Which jaxlib a build
+serves (native.load_problem), and, with the kernels, XLA's own check: every
+handler of the runtime and the testing tools registers with the installed
+jaxlib's XLA (which refuses an FFI API version it does not take), and XLA runs
+two of them through a real call frame on the CPU."""
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+import pytest
+
+from jaxll import native
+from jaxll.native import ext
+
+needs_kernels = pytest.mark.skipif(ext is None, reason="jaxll installed without its CUDA kernels")
+
+
+@pytest.mark.parametrize("built_api, installed_api, loads", [
+    ((0, 3), (0, 3), True),    # the jaxlib it was compiled against, or one of the same FFI API
+    ((0, 3), (0, 5), True),    # a newer jaxlib: XLA takes older minor versions
+    ((0, 5), (0, 3), False),   # an older jaxlib than the headers
+    ((0, 3), (1, 0), False),   # another major version
+])
+def test_load_rule(built_api, installed_api, loads):
+  problem = native.load_problem("0.10.0", built_api, "0.12.0", installed_api)
+  assert (problem is None) == loads
+  if not loads:
+    assert f"XLA FFI API {built_api[0]}.{built_api[1]}" in problem
+    assert f"XLA FFI API {installed_api[0]}.{installed_api[1]}" in problem
+    assert "pip install --force-reinstall --no-deps ." in problem
+    assert "JAXLL_SKIP_VERSION_CHECK=1" in problem
+
+
+def test_load_rule_without_headers():
+  assert native.load_problem("0.10.2", (0, 3), "0.10.2", None) is None
+  problem = native.load_problem("0.10.0", (0, 3), "0.10.2", None)
+  assert "jaxlib 0.10.2, whose XLA FFI API version is unknown" in problem
+
+
+def test_installed_ffi_api_is_read():
+  major, minor = native.installed_ffi_api()
+  assert major == 0 and minor >= 3, (jaxlib.__version__, major, minor)
+
+
+@needs_kernels
+def test_build_serves_the_installed_jaxlib():
+  assert native.load_problem(ext.built_jaxlib_version, tuple(ext.ffi_api_version),
+                             jaxlib.__version__, native.installed_ffi_api()) is None
+
+
+@needs_kernels
+def test_xla_takes_and_runs_the_handlers():
+  from jaxll.tools import testing
+  tables = {**ext.handlers(), **testing._tools.handlers()}
+  assert len(tables) == 11
+  for name, (capsule, _) in tables.items():
+    # a registration XLA refuses (an FFI API version it does not take) raises
+    jax.ffi.register_ffi_target(f"probe_{name}", capsule, platform="cpu")
+
+  # jaxll_join reads no context, so it runs on the CPU: operands and result decode
+  x = jnp.arange(6, dtype=jnp.float32)
+  join = jax.ffi.ffi_call("probe_jaxll_join", jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          input_output_aliases={0: 0})
+  np.testing.assert_array_equal(jax.jit(join)(x, x + 1), np.arange(6, dtype=np.float32))
+  # jaxll_noop asks for the CUDA stream: XLA calls it, and its decoding says why it cannot run
+  noop = jax.ffi.ffi_call("probe_jaxll_noop", jax.ShapeDtypeStruct(x.shape, x.dtype))
+  with pytest.raises(Exception, match="GPU context is not available"):
+    jax.block_until_ready(jax.jit(noop)(x))
