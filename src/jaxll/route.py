@@ -27,10 +27,16 @@ import functools
 import jax
 import numpy as np
 from jax._src import core
+from jax.extend import core as extend_core
 from jax._src.lax import parallel
 
 from jaxll import algorithms
 from jaxll.all_reduce import all_reduce_p
+
+# Jaxprs with their constants, and without: two classes in older jax, one in
+# jax 0.12 (a jaxpr there carries its constants)
+_CLOSED = extend_core.ClosedJaxpr
+_OPEN = extend_core.Jaxpr
 
 _SUMS = {parallel.psum_invariant_p: True, parallel.psum_p: False}  # -> check_vma
 
@@ -96,13 +102,12 @@ def _route_eqn(eqn, algorithm: str):
 
 
 def _route_param(value, algorithm: str):
-  if isinstance(value, core.ClosedJaxpr):
+  if _CLOSED is not _OPEN and isinstance(value, _CLOSED):
     new = _route_jaxpr(value.jaxpr, algorithm)
-    return value if new is value.jaxpr else core.ClosedJaxpr(new, value.consts)
-  if isinstance(value, core.Jaxpr):
+    return value if new is value.jaxpr else _CLOSED(new, value.consts)
+  if isinstance(value, _OPEN):
     return _route_jaxpr(value, algorithm)
-  if isinstance(value, tuple) and any(isinstance(v, (core.Jaxpr, core.ClosedJaxpr))
-                                      for v in value):
+  if isinstance(value, tuple) and any(isinstance(v, (_OPEN, _CLOSED)) for v in value):
     return tuple(_route_param(v, algorithm) for v in value)
   return value
 
