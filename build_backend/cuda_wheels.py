@@ -3,8 +3,8 @@ the PATH, else NVIDIA's pip wheels of the CUDA 13.0 toolkit.
 
 Used by the build backend (which wheels to ask pip for) and by CMakeLists.txt
 (`python cuda_wheels.py root` prints the wheels' toolkit directory, if
-installed). JAXLL_CUDA picks the source: `auto` (the default), `system`,
-`wheels` or `none` (no kernels)."""
+installed, and the wheels a build would still need). JAXLL_CUDA picks the
+source: `auto` (the default), `system`, `wheels` or `none` (no kernels)."""
 
 from __future__ import annotations
 
@@ -50,20 +50,36 @@ def build_requirements() -> list[str]:
   return []
 
 
-def wheels_root() -> str | None:
-  """The toolkit directory of the installed CUDA wheels (bin/nvcc, include,
-  lib), or None."""
+# What a build takes from the wheels' toolkit directory, and the wheel with each
+NEEDED = {
+    "bin/nvcc": "nvidia-cuda-nvcc",
+    "nvvm/bin/cicc": "nvidia-nvvm",
+    "include/crt/host_config.h": "nvidia-cuda-crt",
+    "include/cuda_runtime.h": "nvidia-cuda-runtime",
+    "lib/libcudart_static.a": "nvidia-cuda-runtime",
+    "include/cccl/cuda/std/version": "nvidia-cuda-cccl",
+}
+
+
+def wheels_root() -> tuple[str | None, list[str]]:
+  """The toolkit directory of the installed CUDA wheels (None where there is no
+  nvcc wheel), and the wheels it lacks for a build."""
   spec = importlib.util.find_spec("nvidia")
   for base in (spec.submodule_search_locations if spec else None) or []:
     root = os.path.join(base, "cu13")
     if os.path.isfile(os.path.join(root, "bin", "nvcc")):
-      return root
-  return None
+      missing = sorted({wheel for path, wheel in NEEDED.items()
+                        if not os.path.exists(os.path.join(root, path))})
+      return root, missing
+  return None, []
 
 
 if __name__ == "__main__":
   if sys.argv[1:] == ["root"]:
-    print(wheels_root() or "")
+    # two lines: the directory (empty: none), and the wheels it lacks
+    root, missing = wheels_root()
+    print(root or "")
+    print(" ".join(missing))
   elif sys.argv[1:] == ["source"]:
     print(source())
   else:
