@@ -3,6 +3,7 @@ jaxll, compilable on their own, and the example extension
 (examples/custom_collective) built against the installed jaxll, then its CPU
 tests run (XLA's path, and its CUDA lowering chained with jaxll's calls)."""
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -15,6 +16,11 @@ import jaxll
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "custom_collective")
 NVCC = shutil.which("nvcc")
+# what building the example without build isolation takes besides nvcc
+BUILD_TOOLS = [m for m in ("scikit_build_core", "nanobind")
+               if importlib.util.find_spec(m) is None]
+if shutil.which("cmake") is None and importlib.util.find_spec("cmake") is None:
+  BUILD_TOOLS.append("cmake")
 
 
 def test_headers_and_cmake_config_are_installed():
@@ -70,6 +76,8 @@ def test_device_api_compiles_from_the_installed_headers_alone(tmp_path):
 
 @pytest.mark.skipif(NVCC is None or not jaxll.kernels_available(),
                     reason="needs nvcc and jaxll built with its kernels")
+@pytest.mark.skipif(bool(BUILD_TOOLS), reason=f"building the example needs "
+                    f"{', '.join(BUILD_TOOLS)}: pip install scikit-build-core nanobind cmake ninja")
 def test_example_extension_builds_against_the_installed_jaxll(tmp_path):
   site = tmp_path / "site"
   env = dict(os.environ, CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90-real")
