@@ -28,7 +28,7 @@ try:
 except ImportError as e:
   raise ImportError(
       f"{e}\nThe tests run against the installed jaxll: "
-      "pip install --no-build-isolation . (see README)") from e
+      "pip install -v . (see README)") from e
 
 
 def _cuda_devices():

@@ -113,8 +113,9 @@ struct ProtoTag {
 // compile: LL16 for every dtype and op, sentinel for the float dtypes and every
 // op, the barrier baselines for sum; each for any group size, and sums also for
 // each of kSpecializedRanks (max and min, rare in models, keep to the any-size
-// instance: specializing them too would nearly double these files' build time). `Kernel<P, T, Op, NR>::fn()` names the instance (the
-// production kernel, or in ffi/testing its twin for a virtual group's launch).
+// instance: specializing them too would nearly double these files' build
+// time). `Kernel<P, T, Op, NR>::fn()` names the instance (the production
+// kernel, or in ffi/testing its twin for a virtual group's launch).
 template <template <Proto, class, class, int> class Kernel>
 void register_family(KernelTable& t, Family f) {
   auto one = [&](auto proto, auto dtype, auto op) {

@@ -11,7 +11,7 @@ the all-gather and reduce-scatter kernels (the LL16, sentinel and barrier kernel
 
 Drives every kernel through the testing module's native drivers only (JAX's
 GPU backend is never started, so the sanitizer sees jaxll's kernels alone): N virtual
-ranks on CUDA device 0 for each N in RANKS (comma-separated, default 2,3; the
+ranks on CUDA device 0 for each N in RANKS (comma-separated, default 2,3; sum
 kernels are compiled separately for 1, 2, 4 and 8 ranks and for any other
 count), f32 and bf16, mixed sizes including unaligned ones, on a workspace with
 4 KiB of scratch per round so most calls take several rounds; then the error
