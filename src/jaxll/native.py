@@ -27,7 +27,7 @@ def installed_ffi_api() -> tuple[int, int] | None:
       text = f.read()
   except OSError:
     return None
-  found = dict(re.findall(r"#define XLA_FFI_API_(MAJOR|MINOR) (\d+)", text))
+  found = dict(re.findall(r"#define\s+XLA_FFI_API_(MAJOR|MINOR)\s+(\d+)", text))
   if set(found) != {"MAJOR", "MINOR"}:
     return None
   return int(found["MAJOR"]), int(found["MINOR"])
@@ -74,10 +74,10 @@ except ImportError as e:  # pragma: no cover - depends on the installation
   # lowers to XLA's collectives.
   ext = None
   NO_KERNELS_REASON = (
-      "jaxll was installed without its CUDA kernels (its build found no CUDA compiler); "
-      "to get them on Linux, reinstall with pip's default build isolation, which fetches "
-      "NVIDIA's CUDA compiler wheels: pip install --force-reinstall --no-deps <jaxll source "
-      "or wheel> (README.md, \"No kernels?\")")
+      "jaxll was installed without its CUDA kernels (its build had no usable CUDA compiler, "
+      "or JAXLL_CUDA=none); to get them on Linux, build it again from its source with pip's "
+      "default build isolation, which fetches NVIDIA's CUDA compiler wheels: pip install "
+      "--force-reinstall --no-deps <jaxll source directory> (README.md, \"No kernels?\")")
 
 
 def kernels_available() -> bool:
