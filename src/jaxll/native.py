@@ -37,9 +37,11 @@ def load_problem(built_jaxlib: str, built_api: tuple[int, int], installed_jaxlib
                  installed_api: tuple[int, int] | None) -> str | None:
   """Why a runtime compiled against the XLA FFI headers of jaxlib `built_jaxlib`
   (FFI API `built_api`) cannot load in jaxlib `installed_jaxlib` (FFI API
-  `installed_api`, None: unknown), or None if it can. XLA takes handlers of its
-  own FFI API major version and of the same or an older minor version: a build
-  serves the jaxlib it was compiled against and newer ones of that major version."""
+  `installed_api`, None: unknown), or None if it can. It loads where the major
+  versions match and the installed minor version is the same or newer: XLA takes
+  handlers compiled against older headers (FFI API 0.3 in jaxlib 0.12, 0.5),
+  while a handler compiled against newer ones may rely on what an older XLA
+  lacks. A build serves the jaxlib it was compiled against and newer ones."""
   built = f"jaxlib {built_jaxlib} (XLA FFI API {built_api[0]}.{built_api[1]})"
   if installed_api is None:
     # no headers to read: only the very jaxlib it was compiled against is known to work
@@ -51,9 +53,9 @@ def load_problem(built_jaxlib: str, built_api: tuple[int, int], installed_jaxlib
     if installed_api[0] == built_api[0] and installed_api[1] >= built_api[1]:
       return None
   return (f"jaxll's runtime was compiled against {built}, which {installed} cannot load: "
-          f"XLA loads handlers of its own FFI API major version and of the same or an older "
-          f"minor version.\n{REINSTALL_HINT}\n(Set JAXLL_SKIP_VERSION_CHECK=1 to load it "
-          f"anyway, at your own risk.)")
+          f"jaxll loads in a jaxlib of the same XLA FFI API major version and the same or a "
+          f"newer minor version.\n{REINSTALL_HINT}\n(Set JAXLL_SKIP_VERSION_CHECK=1 to load "
+          f"it anyway, at your own risk.)")
 
 
 _here = os.path.dirname(os.path.abspath(__file__))
