@@ -257,7 +257,7 @@ def test_auto_takes_the_measured_kernel_within_the_crossover(mesh1, monkeypatch,
   # crossover is all_reduce's (JAXLL_AUTO_MAX_BYTES pins it here)
   from jaxll import placement
   monkeypatch.setenv("JAXLL_AUTO_MAX_BYTES", str(1 << 20))
-  monkeypatch.setattr(placement, "group_size", lambda ctx, axes: group)
+  monkeypatch.setattr(placement, "unserved", lambda ctx, axes: (group, ""))
   made = []  # (auto decides the size before it builds a workspace)
   monkeypatch.setattr(placement, "workspace_for",
                       lambda ctx, axes: made.append(axes) or (7, group, ""))

@@ -277,3 +277,33 @@ def test_lowered_attributes_are_the_ones_the_handlers_declare(mesh, monkeypatch)
   for target, attrs in lowered.items():
     assert attrs == declared[target], (target, attrs, declared[target])
   assert declared["jaxll_all_reduce"]["workspace"] == "i64"
+
+
+def test_unreduced_x_takes_the_composition_with_psums_types(cpu_devices):
+  # x typed unreduced over tp (explicit sharding): the composition, whose
+  # all-reduce sums it as jax.lax.psum does; the results' types and values are
+  # those of psum followed by the norm
+  from jax.sharding import AxisType
+  m = jax.make_mesh((8,), ("tp",), axis_types=(AxisType.Explicit,), devices=cpu_devices)
+  rng = np.random.default_rng(3)
+  x = jax.device_put(rng.standard_normal((8 * 2, 16)).astype(np.float32),
+                     NamedSharding(m, P("tp")))
+  r = jnp.asarray(rng.standard_normal((2, 16)).astype(np.float32))
+  w = jnp.asarray(rng.standard_normal(16).astype(np.float32))
+  types = {}
+
+  def body(name, fuse):
+    def f(v, r, w):
+      u = jax.lax.pcast(v, "tp", to="unreduced")
+      out = fuse(u, r, w)
+      types[name] = tuple(str(jax.typeof(o)) for o in out)
+      return out
+    return jax.jit(jax.shard_map(f, mesh=m, in_specs=(P("tp"), P(), P()),
+                                 out_specs=(P(), P())))
+
+  want = body("jax", lambda u, r, w: jaxll.rmsnorm.residual_rmsnorm(
+      jax.lax.psum(u, "tp"), r, w, eps=1e-6))(x, r, w)
+  got = body("jaxll", lambda u, r, w: jaxll.all_reduce_rmsnorm(u, r, w, "tp", eps=1e-6))(x, r, w)
+  assert types["jaxll"] == types["jax"], types
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

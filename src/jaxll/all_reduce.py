@@ -5,7 +5,11 @@ The primitive ``jaxll_all_reduce`` borrows its typing from psum's own
 primitives (so ``check_vma`` types, effects and error messages match psum's)
 and has the same differentiation and batching behaviour: sum is linear, its
 tangent is all-reduced the same way, and it transposes as psum does (to a
-no-op ``pvary`` under ``check_vma``, to another all-reduce without it).
+no-op ``pvary`` under ``check_vma``, to another all-reduce without it). An
+input typed ``unreduced`` over the axes (explicit sharding: partial sums still
+to be added) is all-reduced the same way and typed, transposed and batched as
+JAX's ``unreduced_psum`` (``unreduced_pmax``/``pmin`` on jax 0.12): the result
+is invariant, its cotangent is cast to ``reduced``.
 """
 
 from __future__ import annotations
@@ -16,15 +20,12 @@ from functools import partial
 import jax
 import numpy as np
 from jax import lax
-from jax._src import config as jax_config
-from jax._src import core
-from jax._src import dispatch
-from jax._src.interpreters import ad, batching, mlir
-from jax._src.lax import parallel
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching
 
-from jaxll import algorithms, call_sites, choice, native, ordering, placement, sites
+from jaxll import algorithms, call_sites, choice, internals, native, ordering, placement, sites
 
-all_reduce_p = core.Primitive("jaxll_all_reduce")
+all_reduce_p = Primitive("jaxll_all_reduce")
 
 _REFERENCE = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
 OPS = ("sum", "max", "min", "mean")
@@ -61,14 +62,14 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto"):
   if algorithm not in algorithms.ALGORITHMS:
     raise ValueError(f"jaxll.all_reduce: algorithm must be one of "
                      f"{list(algorithms.ALGORITHMS)}, got {algorithm!r}")
-  axes = _normalize_axes(axis_name)
+  axes = internals.skip_one_sized_axes(_normalize_axes(axis_name))
   if not axes:
     # psum(x, ()) is x; pmean(x, ()) is x / 1 (float for integers)
     return jax.tree_util.tree_map(lambda v: v / 1, x) if op == "mean" else x
   _check_axes_bound(axes)
   if op == "mean":
     # pmean: the sum over the group, divided by the group size (a constant)
-    size = lax.psum(1, axes)
+    size = lax.axis_size(axes)
     return jax.tree_util.tree_map(
         lambda v: v / size,
         jax.tree_util.tree_map(partial(_all_reduce_leaf, axes=axes, op="sum",
@@ -91,8 +92,7 @@ def _normalize_axes(axis_name, who: str = "jaxll.all_reduce") -> tuple:
 
 
 def _check_axes_bound(axes: tuple, who: str = "jaxll.all_reduce") -> None:
-  env = core.get_axis_env()
-  missing = [a for a in axes if not env.axis_exists(a)]
+  missing = [a for a in axes if not internals.axis_exists(a)]
   if missing:
     raise NameError(
         f"{who}: unknown axis name {missing[0]!r}. Call it inside "
@@ -104,7 +104,7 @@ def _collective_pvary(axes: tuple, x, who: str = "jaxll.all_reduce"):
   """``x`` made varying over ``axes`` under ``check_vma``, as jax.lax's
   collectives do before they bind (a no-op without ``check_vma``)."""
   try:
-    return parallel.insert_collective_pvary(axes, x)
+    return internals.insert_collective_pvary(axes, x)
   except AssertionError:
     raise NotImplementedError(
         f"{who} over {axes}: an axis is not one of the enclosing "
@@ -117,23 +117,28 @@ def _collective_pvary(axes: tuple, x, who: str = "jaxll.all_reduce"):
 def _all_reduce_leaf(x, *, axes, op, algorithm):
   dtype = getattr(x, "dtype", None)
   if dtype is None:
-    x = jax.numpy.asarray(x)
-    dtype = x.dtype
+    dtype = np.asarray(x).dtype  # (a Python scalar or list: a constant)
   if dtypes_extended(dtype) or not (jax.numpy.issubdtype(dtype, jax.numpy.number)
                                     or dtype == np.bool_):
     raise TypeError(f"jaxll.all_reduce: unsupported dtype {dtype}; it reduces "
                     f"numeric arrays (and bool, summed as int32, like psum)")
+  if not isinstance(x, jax.core.Tracer):
+    # A constant: psum & co. compute it without any communication.
+    return _REFERENCE[op](x, axes)
   if dtype == np.bool_:
     # psum sums bools as int32; pmax/pmin keep them bool (any / all)
     y = _all_reduce_leaf(lax.convert_element_type(x, np.int32), axes=axes, op=op,
                          algorithm=algorithm)
     return y if op == "sum" else lax.convert_element_type(y, np.bool_)
-  if not isinstance(x, core.Tracer):
-    # A constant: psum & co. compute it without any communication.
-    return _REFERENCE[op](x, axes)
-  check_vma = bool(jax_config._check_vma.value)
-  x = _collective_pvary(axes, x)
-  return all_reduce_p.bind(x, axes=axes, op=op, algorithm=algorithm, check_vma=check_vma)
+  check_vma = internals.check_vma()
+  unreduced = internals.input_state(x, axes, "jaxll.all_reduce") == "unreduced"
+  if unreduced:
+    if op not in internals.UNREDUCED_ALL_REDUCE:
+      return _REFERENCE[op](x, axes)  # (this jax has no such collective: its own error)
+  else:
+    x = _collective_pvary(axes, x)
+  return all_reduce_p.bind(x, axes=axes, op=op, algorithm=algorithm, check_vma=check_vma,
+                           unreduced=unreduced)
 
 
 def dtypes_extended(dtype) -> bool:
@@ -142,49 +147,54 @@ def dtypes_extended(dtype) -> bool:
 
 # --- Typing ---------------------------------------------------------------------
 
-def _reference_primitive(op: str, check_vma: bool):
-  if op == "sum":
-    return parallel.psum_invariant_p if check_vma else parallel.psum_p
-  return parallel.pmax_p if op == "max" else parallel.pmin_p
+def _reference(op: str, check_vma: bool, unreduced: bool):
+  """(JAX's primitive this call types as, its parameters besides the operand)."""
+  if unreduced:
+    return internals.UNREDUCED_ALL_REDUCE[op], {}
+  if op == "sum" and check_vma:
+    return internals.psum_invariant_p, {}
+  prim = {"sum": internals.psum_p, "max": internals.pmax_p, "min": internals.pmin_p}[op]
+  return prim, {"axis_index_groups": None}
 
 
-def _abstract_eval(aval, *, axes, op, algorithm, check_vma):
+def _abstract_eval(aval, *, axes, op, algorithm, check_vma, unreduced):
   del algorithm
-  ref = _reference_primitive(op, check_vma)
-  with jax_config._check_vma(check_vma):
-    if ref is parallel.psum_invariant_p:
-      return ref.abstract_eval(aval, axes=axes)
-    return ref.abstract_eval(aval, axes=axes, axis_index_groups=None)
+  ref, params = _reference(op, check_vma, unreduced)
+  with internals.checking_vma(check_vma):
+    return ref.abstract_eval(aval, axes=axes, **params)
 
 
 all_reduce_p.def_effectful_abstract_eval(_abstract_eval)
-all_reduce_p.def_impl(partial(dispatch.apply_primitive, all_reduce_p))
+all_reduce_p.def_impl(partial(internals.apply_primitive, all_reduce_p))
 
 
 # --- Differentiation ------------------------------------------------------------
 
-def _transpose(ct, x, *, axes, op, algorithm, check_vma):
+def _transpose(ct, x, *, axes, op, algorithm, check_vma, unreduced):
   del x
+  if unreduced:
+    # Like unreduced_psum: the invariant cotangent becomes reduced (a cast).
+    return (internals.preduced(ct, axes),)
   if check_vma:
     # Like psum_invariant: the cotangent of an invariant output is invariant;
     # every device's input contributed to it, so it only changes type.
-    return (core.pvary(ct, axes),)
+    return (internals.pvary(ct, axes),)
   # Like psum without check_vma (psum followed by an implicit broadcast).
   return (all_reduce_p.bind(ct, axes=axes, op=op, algorithm=algorithm,
-                            check_vma=check_vma),)
+                            check_vma=check_vma, unreduced=False),)
 
 
 ad.deflinear2(all_reduce_p, _transpose)
 _linear_jvp = ad.primitive_jvps[all_reduce_p]
 
 
-def _jvp(primals, tangents, *, axes, op, algorithm, check_vma):
+def _jvp(primals, tangents, *, axes, op, algorithm, check_vma, unreduced):
   if op != "sum":
     raise NotImplementedError(
         f"jaxll.all_reduce(op={op!r}) is not differentiable (neither is "
         f"jax.lax.p{op}); only op='sum' is.")
   return _linear_jvp(primals, tangents, axes=axes, op=op, algorithm=algorithm,
-                     check_vma=check_vma)
+                     check_vma=check_vma, unreduced=unreduced)
 
 
 ad.primitive_jvps[all_reduce_p] = _jvp
@@ -192,9 +202,13 @@ ad.primitive_jvps[all_reduce_p] = _jvp
 
 # --- Batching -------------------------------------------------------------------
 
-def _batch(axis_data, vals_in, dims_in, *, axes, op, algorithm, check_vma):
+def _batch(axis_data, vals_in, dims_in, *, axes, op, algorithm, check_vma, unreduced):
+  if unreduced:
+    raise NotImplementedError(
+        "jaxll.all_reduce of an unreduced input under jax.vmap (nor does JAX batch "
+        "unreduced_psum)")
   (x,), (d,) = vals_in, dims_in
-  params = dict(op=op, algorithm=algorithm, check_vma=check_vma)
+  params = dict(op=op, algorithm=algorithm, check_vma=check_vma, unreduced=False)
   if axis_data.name not in axes:
     # The batch dimension is just more data for the same collective.
     return all_reduce_p.bind(x, axes=axes, **params), d
@@ -226,9 +240,10 @@ class Decision:
   group_size: int = 0
 
 
-def _xla_rule(op: str):
-  prim = {"sum": parallel.psum_p, "max": parallel.pmax_p, "min": parallel.pmin_p}[op]
-  return mlir._lowerings[prim].rule
+def _xla_lowering(ctx, x, *, axes, op, unreduced):
+  """XLA's all-reduce, as JAX lowers the collective this call types as."""
+  prim, params = _reference(op, False, unreduced)
+  return internals.xla_lowering(prim, placement.platforms(ctx))(ctx, x, axes=axes, **params)
 
 
 def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
@@ -289,13 +304,13 @@ def emit_kernel_call(ctx, x, *, workspace: int, algorithm: str, op: str):
   return y
 
 
-def lower_all_reduce(ctx, x, *, axes, op, algorithm, check_vma):
+def lower_all_reduce(ctx, x, *, axes, op, algorithm, check_vma, unreduced):
   """The lowering rule: the decision, then the kernel call or XLA's all-reduce, recorded."""
   del check_vma
   aval = ctx.avals_in[0]
   decision = decide(ctx, aval, axes, op, algorithm)
   if decision.algorithm == algorithms.XLA:
-    results = _xla_rule(op)(ctx, x, axes=axes, axis_index_groups=None)
+    results = _xla_lowering(ctx, x, axes=axes, op=op, unreduced=unreduced)
   else:
     results = [emit_kernel_call(ctx, x, workspace=decision.workspace,
                                 algorithm=decision.algorithm, op=op)]
@@ -311,4 +326,4 @@ def lower_all_reduce(ctx, x, *, axes, op, algorithm, check_vma):
 
 # Not cacheable: each call site is lowered (and recorded) on its own, and the
 # decision depends on the mesh in the lowering context.
-mlir.register_lowering(all_reduce_p, lower_all_reduce, cacheable=False)
+internals.register_device_lowering(all_reduce_p, lower_all_reduce)

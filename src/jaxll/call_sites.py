@@ -15,9 +15,8 @@ import logging
 import re
 import threading
 
-from jax._src.lib.mlir import ir
-
 from jaxll import settings
+from jaxll.internals import ir
 
 logger = logging.getLogger("jaxll")
 

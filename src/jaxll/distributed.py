@@ -33,7 +33,7 @@ import hashlib
 import json
 import socket
 
-from jaxll import native, settings
+from jaxll import internals, native, settings
 from jaxll.native import ext
 
 
@@ -47,11 +47,7 @@ _generation: dict[str, int] = {}
 
 
 def _client():
-  try:
-    from jax._src import distributed
-  except ImportError:  # pragma: no cover
-    return None
-  return distributed.global_state.client
+  return internals.distributed_client()
 
 
 def _prefix(device_ids, config) -> str:

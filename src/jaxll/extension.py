@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import os
 
-from jax._src.interpreters import mlir
-
-from jaxll import native, ordering, placement
+from jaxll import internals, native, ordering, placement
 
 __all__ = ["api", "emit_call", "get_cmake_dir", "get_include", "register_lowering",
            "workspace_for"]
@@ -92,5 +90,7 @@ def register_lowering(primitive, rule, *, platform: str | None = "cuda") -> None
   shared function, so that :func:`emit_call` sees the block the call is in and
   chains it with the calls around it. (JAX's default caches a primitive's
   lowering in a function of its own; the call would then start a chain of its
-  own, unordered against jaxll's calls.)"""
-  mlir.register_lowering(primitive, rule, platform=platform, cacheable=False)
+  own, unordered against jaxll's calls.) Like jaxll's, `primitive` is lowered
+  with the program's devices known (see jaxll.internals.register_device_lowering):
+  a shard_map over an abstract mesh finds its workspace."""
+  internals.register_device_lowering(primitive, rule, platform=platform)

@@ -2,13 +2,19 @@
 ``jax.lax.all_gather`` and ``jax.lax.psum_scatter`` inside ``jax.shard_map``.
 
 Each is a primitive of its own (``jaxll_all_gather``, ``jaxll_psum_scatter``)
-that borrows its typing from JAX's ``all_gather`` and ``reduce_scatter``
-primitives, so result shapes, dtypes, ``check_vma`` types and error messages
-are theirs. Both are linear: all_gather transposes to psum_scatter over the
-same axes and dimension, and psum_scatter to all_gather, each through jaxll's
-primitive (so a backward pass reaches jaxll's kernels too). ``vmap`` follows
-JAX's rules: a batch dimension is more data for the same collective, and a
-collective over the vmapped axis itself is computed locally.
+that borrows its typing from the JAX primitive the same call binds, so result
+shapes, dtypes, ``check_vma`` types and error messages are theirs:
+``all_gather`` (``to="varying"``), ``all_gather_invariant`` (``"invarying"``)
+or ``all_gather_reduced`` (``"reduced"``); ``reduce_scatter``, or
+``unreduced_reduce_scatter`` for an input typed ``unreduced`` over the axes.
+Both are linear: all_gather transposes to psum_scatter over the same axes and
+dimension (``to="reduced"`` to the unreduced psum_scatter; ``"invarying"`` to
+this device's slice, without communication), and psum_scatter to all_gather
+(of an unreduced input: ``to="reduced"``), each through jaxll's primitive (so
+a backward pass reaches jaxll's kernels too). ``vmap`` follows JAX's rules: a
+batch dimension is more data for the same collective, and a collective over
+the vmapped axis itself is computed locally; like JAX, the explicit-sharding
+forms (``to="reduced"``, unreduced inputs) are not batched.
 
 Lowering: ``algorithm="oneshot_ll"`` (LL16, barrier-free),
 ``"oneshot_sentinel"`` (full-width stores into scratch that holds a NaN
@@ -36,17 +42,15 @@ from functools import partial
 import jax
 import numpy as np
 from jax import lax
-from jax._src import core
-from jax._src import dispatch
-from jax._src.interpreters import ad, batching, mlir
-from jax._src.lax import parallel
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching
 
-from jaxll import algorithms, call_sites, choice, ordering, placement, sites
+from jaxll import algorithms, call_sites, choice, internals, ordering, placement, sites
 from jaxll.all_reduce import _check_axes_bound, _normalize_axes, dtypes_extended
 from jaxll.placement import AlgorithmUnavailableError
 
-all_gather_p = core.Primitive("jaxll_all_gather")
-psum_scatter_p = core.Primitive("jaxll_psum_scatter")
+all_gather_p = Primitive("jaxll_all_gather")
+psum_scatter_p = Primitive("jaxll_psum_scatter")
 
 # The algorithms these collectives take.
 KERNEL_ALGORITHMS = ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier")
@@ -57,35 +61,38 @@ _KERNEL_DTYPES = frozenset(["float32", "bfloat16", "float16", "int32"])
 # The sentinel protocol's pattern (all ones) is a NaN of each floating type and a
 # valid int32.
 _SENTINEL_DTYPES = frozenset(["float32", "bfloat16", "float16"])
+# all_gather's output types, as jax.lax.all_gather names them
+GATHER_TO = ("varying", "invarying", "reduced")
 
 
-
-def _map_leaves(name: str, x, axis_name, algorithm: str, bind_leaf):
+def _map_leaves(name: str, x, axis_name, algorithm: str, bind_leaf, skip_one_sized=False):
   """Checks the call and applies ``bind_leaf(v, axes, size, constant=...)`` to
-  every leaf of ``x``: traced leaves after the pvary that jax.lax's collectives
-  insert (``constant=False``), constants as they are (``constant=True``: jax.lax
-  computes those without communication). An empty axis tuple returns ``x``."""
+  every leaf of ``x``: traced leaves (``constant=False``; bind_leaf inserts the
+  pvary jax.lax's collective would), constants (``constant=True``: jax.lax
+  computes those without communication). An empty axis tuple (after dropping
+  the axes JAX drops, with ``skip_one_sized``) returns ``x``."""
   if algorithm not in ALGORITHMS:
     raise ValueError(f"jaxll.{name}: algorithm must be one of {list(ALGORITHMS)}, "
                      f"got {algorithm!r}")
   axes = _normalize_axes(axis_name, f"jaxll.{name}")
+  if skip_one_sized:
+    axes = internals.skip_one_sized_axes(axes)
   if not axes:
     return x
   _check_axes_bound(axes, f"jaxll.{name}")
   size = _axis_size(axes)
 
   def leaf(v):
-    v = _as_array(name, v)
-    if not isinstance(v, core.Tracer):
+    if not isinstance(v, jax.core.Tracer):  # (checked as given: jax.lax sees the same)
+      _as_array(name, v)
       return bind_leaf(v, axes, size, constant=True)
-    return bind_leaf(parallel.insert_collective_pvary(axes, v), axes, size, constant=False)
+    return bind_leaf(_as_array(name, v), axes, size, constant=False)
 
   return jax.tree_util.tree_map(leaf, x)
 
 
 def _axis_size(axes: tuple) -> int:
-  # psum of a Python constant is the group size, computed without communication
-  return int(lax.psum(1, axes))
+  return int(lax.axis_size(axes))
 
 
 def _as_array(name: str, x):
@@ -96,7 +103,7 @@ def _as_array(name: str, x):
   return x
 
 
-def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
+def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False, to: str = "varying",
                algorithm: str = "auto"):
   """Gathers ``x`` from every device of the mesh axis (or axes) ``axis_name``.
 
@@ -113,6 +120,9 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
     axis_name: a mesh axis name, or a tuple of them.
     axis: where the pieces go (see above).
     tiled: concatenate (True) or stack (False).
+    to: the result's type over ``axis_name`` under ``check_vma``, as in
+      ``jax.lax.all_gather``: ``"varying"``, ``"invarying"`` (the same on
+      every device) or ``"reduced"`` (explicit sharding; ``x`` must vary).
     algorithm: ``"oneshot_ll"``, ``"oneshot_sentinel"`` or
       ``"oneshot_barrier"``: jaxll's kernel (float32, bfloat16, float16,
       int32, sentinel not int32; ``axis=0``; raises
@@ -121,12 +131,20 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False,
       gathered result is at most the auto crossover, else XLA's all-gather
       (module docstring); ``"xla"``: XLA's.
   """
+  if to not in GATHER_TO:
+    raise ValueError(f"jaxll.all_gather: to must be one of {list(GATHER_TO)}, got {to!r}")
+
   def bind(v, axes, size, constant):
     if constant:
-      return lax.all_gather(v, axes, axis=axis, tiled=tiled)
+      return lax.all_gather(v, axes, axis=axis, tiled=tiled, to=to)
+    if to == "varying":
+      v = internals.insert_collective_pvary(axes, v)
+    elif to == "invarying" and internals.auto_pcast():
+      missing = tuple(a for a in axes if a not in jax.typeof(v).mat.varying)
+      v = internals.pvary(v, missing) if missing else v
     dim = _canonical_axis("all_gather", axis, np.ndim(v) if tiled else np.ndim(v) + 1)
     return all_gather_p.bind(v, all_gather_dimension=dim, axis_name=axes, axis_size=size,
-                             tiled=bool(tiled), algorithm=algorithm)
+                             tiled=bool(tiled), to=to, algorithm=algorithm)
 
   return _map_leaves("all_gather", x, axis_name, algorithm, bind)
 
@@ -161,11 +179,14 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Fals
       return lax.psum_scatter(v, axes, scatter_dimension=scatter_dimension, tiled=tiled)
     if np.ndim(v) == 0:
       raise ValueError("jaxll.psum_scatter: x must have at least one dimension to scatter")
+    unreduced = internals.input_state(v, axes, "jaxll.psum_scatter") == "unreduced"
+    if not unreduced:
+      v = internals.insert_collective_pvary(axes, v)
     dim = _canonical_axis("psum_scatter", scatter_dimension, np.ndim(v))
     return psum_scatter_p.bind(v, scatter_dimension=dim, axis_name=axes, axis_size=size,
-                               tiled=bool(tiled), algorithm=algorithm)
+                               tiled=bool(tiled), unreduced=unreduced, algorithm=algorithm)
 
-  return _map_leaves("psum_scatter", x, axis_name, algorithm, bind)
+  return _map_leaves("psum_scatter", x, axis_name, algorithm, bind, skip_one_sized=True)
 
 
 def _canonical_axis(name: str, axis, ndim: int) -> int:
@@ -178,48 +199,59 @@ def _canonical_axis(name: str, axis, ndim: int) -> int:
 
 # --- Typing: JAX's own primitives ---------------------------------------------------
 
-def _gather_abstract_eval(aval, *, all_gather_dimension, axis_name, axis_size, tiled,
+def _gather_abstract_eval(aval, *, all_gather_dimension, axis_name, axis_size, tiled, to,
                           algorithm):
   del algorithm
-  return parallel.all_gather_p.abstract_eval(
-      aval, all_gather_dimension=all_gather_dimension, axis_name=axis_name,
-      axis_index_groups=None, axis_size=axis_size, tiled=tiled)
+  params = dict(all_gather_dimension=all_gather_dimension, axis_name=axis_name,
+                axis_size=axis_size, tiled=tiled)
+  if to == "varying":
+    return internals.all_gather_p.abstract_eval(aval, axis_index_groups=None, **params)
+  prim = internals.all_gather_invariant_p if to == "invarying" else internals.all_gather_reduced_p
+  return prim.abstract_eval(aval, **params)
 
 
-def _scatter_abstract_eval(aval, *, scatter_dimension, axis_name, axis_size, tiled,
+def _scatter_abstract_eval(aval, *, scatter_dimension, axis_name, axis_size, tiled, unreduced,
                            algorithm):
   del algorithm
-  return parallel.reduce_scatter_p.abstract_eval(
-      aval, scatter_dimension=scatter_dimension, axis_name=axis_name,
-      axis_index_groups=None, axis_size=axis_size, tiled=tiled)
+  params = dict(scatter_dimension=scatter_dimension, axis_name=axis_name,
+                axis_size=axis_size, tiled=tiled)
+  if unreduced:
+    return internals.unreduced_reduce_scatter_p.abstract_eval(aval, **params)
+  return internals.reduce_scatter_p.abstract_eval(aval, axis_index_groups=None, **params)
 
 
 all_gather_p.def_effectful_abstract_eval(_gather_abstract_eval)
 psum_scatter_p.def_effectful_abstract_eval(_scatter_abstract_eval)
-all_gather_p.def_impl(partial(dispatch.apply_primitive, all_gather_p))
-psum_scatter_p.def_impl(partial(dispatch.apply_primitive, psum_scatter_p))
+all_gather_p.def_impl(partial(internals.apply_primitive, all_gather_p))
+psum_scatter_p.def_impl(partial(internals.apply_primitive, psum_scatter_p))
 
 
 # --- Differentiation: each is the other's transpose ---------------------------------
 
-def _gather_transpose(ct, x, *, all_gather_dimension, axis_name, axis_size, tiled,
+def _gather_transpose(ct, x, *, all_gather_dimension, axis_name, axis_size, tiled, to,
                       algorithm):
   del x
   if type(ct) is ad.Zero:
     return (None,)
+  if to == "invarying":
+    # Every device holds the whole gathered value; its own piece is its cotangent.
+    piece = ct.shape[all_gather_dimension] // axis_size
+    out = lax.dynamic_slice_in_dim(ct, lax.axis_index(axis_name) * piece, piece,
+                                   axis=all_gather_dimension)
+    return (out if tiled else lax.squeeze(out, [all_gather_dimension]),)
   return (psum_scatter_p.bind(ct, scatter_dimension=all_gather_dimension,
                               axis_name=axis_name, axis_size=axis_size, tiled=tiled,
-                              algorithm=algorithm),)
+                              unreduced=to == "reduced", algorithm=algorithm),)
 
 
-def _scatter_transpose(ct, x, *, scatter_dimension, axis_name, axis_size, tiled,
+def _scatter_transpose(ct, x, *, scatter_dimension, axis_name, axis_size, tiled, unreduced,
                        algorithm):
   del x
   if type(ct) is ad.Zero:
     return (None,)
   return (all_gather_p.bind(ct, all_gather_dimension=scatter_dimension,
                             axis_name=axis_name, axis_size=axis_size, tiled=tiled,
-                            algorithm=algorithm),)
+                            to="reduced" if unreduced else "varying", algorithm=algorithm),)
 
 
 ad.deflinear2(all_gather_p, _gather_transpose)
@@ -229,9 +261,13 @@ ad.deflinear2(psum_scatter_p, _scatter_transpose)
 # --- Batching -------------------------------------------------------------------------
 
 def _gather_batch(axis_data, vals_in, dims_in, *, all_gather_dimension, axis_name,
-                  axis_size, tiled, algorithm):
+                  axis_size, tiled, to, algorithm):
+  if to == "reduced":
+    raise NotImplementedError("jaxll.all_gather(to='reduced') under jax.vmap (nor does "
+                              "JAX batch all_gather_reduced)")
   (x,), (d,) = vals_in, dims_in
-  params = dict(axis_name=axis_name, axis_size=axis_size, tiled=tiled, algorithm=algorithm)
+  params = dict(axis_name=axis_name, axis_size=axis_size, tiled=tiled, to=to,
+                algorithm=algorithm)
   if axis_data.name not in axis_name:
     if d is None:
       return all_gather_p.bind(x, all_gather_dimension=all_gather_dimension, **params), None
@@ -260,9 +296,13 @@ def _gather_batch(axis_data, vals_in, dims_in, *, all_gather_dimension, axis_nam
 
 
 def _scatter_batch(axis_data, vals_in, dims_in, *, scatter_dimension, axis_name,
-                   axis_size, tiled, algorithm):
+                   axis_size, tiled, unreduced, algorithm):
+  if unreduced:
+    raise NotImplementedError("jaxll.psum_scatter of an unreduced input under jax.vmap (nor "
+                              "does JAX batch unreduced_reduce_scatter)")
   (x,), (d,) = vals_in, dims_in
-  params = dict(axis_name=axis_name, axis_size=axis_size, tiled=tiled, algorithm=algorithm)
+  params = dict(axis_name=axis_name, axis_size=axis_size, tiled=tiled, unreduced=False,
+                algorithm=algorithm)
   if axis_data.name not in axis_name:
     if d is None:
       return psum_scatter_p.bind(x, scatter_dimension=scatter_dimension, **params), None
@@ -292,15 +332,6 @@ batching.fancy_primitive_batchers[psum_scatter_p] = _scatter_batch
 
 # --- Lowering: jaxll's kernel or XLA's collective, recorded for explain --------------
 
-def _xla_rule(prim, ctx):
-  platforms = placement.platforms(ctx)
-  for p in platforms:
-    entry = mlir._platform_specific_lowerings[p].get(prim)
-    if entry is not None:
-      return entry.rule
-  return mlir._lowerings[prim].rule
-
-
 def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, str, str]:
   """(workspace id, kernel algorithm, reason): the kernel's workspace, or 0 for
   XLA's collective."""
@@ -324,9 +355,11 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, s
     if problem:
       return 0, "xla", f"auto: {problem}"
     # (the size before the workspace: a call that goes to XLA builds none)
-    kernel, reason = choice.gather_scatter_auto(op, placement.group_size(ctx, axes),
-                                                int(aval.size) * np.dtype(aval.dtype).itemsize,
-                                                aval.dtype)
+    n, problem = placement.unserved(ctx, axes)
+    if problem:
+      return 0, "xla", f"auto: {problem}"
+    kernel, reason = choice.gather_scatter_auto(op, n, int(aval.size) *
+                                                np.dtype(aval.dtype).itemsize, aval.dtype)
     if kernel == "xla":
       return 0, "xla", reason
     ws, _, problem = placement.workspace_for(ctx, axes)
@@ -348,8 +381,9 @@ def _lower(ctx, x, prim, op: str, dim: int, axes: tuple, size: int, algorithm: s
         collective=np.int64(algorithms.COLLECTIVE_CODES[op]),
         algorithm=np.int64(algorithms.SPECS[kernel].code))
   else:
-    out = _xla_rule(prim, ctx)(ctx, x, axis_name=axes, axis_index_groups=None,
-                               axis_size=size, **params)
+    # (every typed form of the collective lowers to the same XLA op as this one)
+    out = internals.xla_lowering(prim, placement.platforms(ctx))(
+        ctx, x, axis_name=axes, axis_index_groups=None, axis_size=size, **params)
   aval = ctx.avals_in[0]
   site = call_sites.CallSite(
       site=sites.site_of(ctx), axes=",".join(map(str, axes)), group_size=size,
@@ -361,16 +395,20 @@ def _lower(ctx, x, prim, op: str, dim: int, axes: tuple, size: int, algorithm: s
   return out
 
 
-def _gather_lowering(ctx, x, *, all_gather_dimension, axis_name, axis_size, tiled, algorithm):
-  return _lower(ctx, x, parallel.all_gather_p, "all_gather", all_gather_dimension, axis_name,
+def _gather_lowering(ctx, x, *, all_gather_dimension, axis_name, axis_size, tiled, to,
+                     algorithm):
+  del to
+  return _lower(ctx, x, internals.all_gather_p, "all_gather", all_gather_dimension, axis_name,
                 axis_size, algorithm,
                 dict(all_gather_dimension=all_gather_dimension, tiled=tiled))
 
 
-def _scatter_lowering(ctx, x, *, scatter_dimension, axis_name, axis_size, tiled, algorithm):
-  return _lower(ctx, x, parallel.reduce_scatter_p, "psum_scatter", scatter_dimension, axis_name,
+def _scatter_lowering(ctx, x, *, scatter_dimension, axis_name, axis_size, tiled, unreduced,
+                      algorithm):
+  del unreduced
+  return _lower(ctx, x, internals.reduce_scatter_p, "psum_scatter", scatter_dimension, axis_name,
                 axis_size, algorithm, dict(scatter_dimension=scatter_dimension, tiled=tiled))
 
 
-mlir.register_lowering(all_gather_p, _gather_lowering, cacheable=False)
-mlir.register_lowering(psum_scatter_p, _scatter_lowering, cacheable=False)
+internals.register_device_lowering(all_gather_p, _gather_lowering)
+internals.register_device_lowering(psum_scatter_p, _scatter_lowering)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from jax._src import core
-from jax._src.interpreters import mlir
-from jax._src.lib.mlir import ir
+from jax.interpreters import mlir
+
+from jaxll.internals import custom_call, ir
 
 # --- Order chains --------------------------------------------------------------------------
 # Every kernel call on a workspace reads and advances that workspace's epochs, so
@@ -48,7 +48,7 @@ from jax._src.lib.mlir import ir
 # dependencies (CONCURRENT mode) as well as the schedule.
 _ORDER_KEY = ("jaxll", "order chains")
 _JOIN_TARGET = "jaxll_join"
-_ORDER_AVAL = core.ShapedArray((1,), np.dtype(np.uint32))
+_ORDER_AVAL = jax.core.ShapedArray((1,), np.dtype(np.uint32))
 _CHECK_TARGET = "jaxll_check"
 
 
@@ -100,7 +100,7 @@ def _join(first: ir.Value, others, *, alias: bool) -> ir.Value:
   command buffers built from buffer dependencies too."""
   others = [v for v in others if _as(ir.RankedTensorType, v.type) is not None]
   operands = [first, *others]
-  op = mlir.custom_call(
+  op = custom_call(
       _JOIN_TARGET, result_types=[first.type], operands=operands, backend_config={},
       api_version=4, operand_output_aliases={0: 0} if alias else None,
       operand_layouts=[_row_major(v) for v in operands], result_layouts=[_row_major(first)])
@@ -320,7 +320,7 @@ def _note_workspace_for_check(ctx, workspace: int) -> None:
   if entry is None:
     block, top_level = _check_block()
     with ir.InsertionPoint.at_block_begin(block):
-      op = mlir.custom_call(
+      op = custom_call(
           "jaxll_check",
           result_types=[ir.RankedTensorType.get([1], ir.IntegerType.get_unsigned(32))],
           operands=[],

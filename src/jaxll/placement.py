@@ -11,7 +11,8 @@ import math
 import jax
 import numpy as np
 
-from jaxll import algorithms, call_sites, distributed, native, settings, sites, workspace
+from jaxll import (algorithms, call_sites, distributed, internals, native, settings, sites,
+                   workspace)
 from jaxll.native import ext
 
 
@@ -121,10 +122,9 @@ def workspace_for_groups(groups) -> tuple[int, str]:
 
 def mesh_groups(ctx, axes: tuple):
   """(the concrete mesh of the program `ctx` lowers or None, its reduction
-  groups over `axes` or None)."""
-  mesh = getattr(ctx.module_context.axis_context, "mesh", None)
-  if mesh is not None and not hasattr(mesh, "devices"):
-    mesh = None
+  groups over `axes` or None). A shard_map over an abstract mesh runs on the
+  program's devices (internals.lowering_mesh)."""
+  mesh = internals.lowering_mesh(ctx)
   try:
     groups = reduction_groups(mesh, axes) if mesh is not None else None
   except ValueError:  # an axis that is not the mesh's (a vmap axis)
@@ -144,18 +144,28 @@ def workspace_for(ctx, axes: tuple) -> tuple[int, int, str]:
   `axes` in the program `ctx` lowers: the id of the workspace jaxll's own
   calls over those axes use (built on first use), or 0 and the reason no
   kernel can serve them (then lower to XLA's collectives instead)."""
+  n, problem = unserved(ctx, axes)
+  if problem:
+    return 0, n, problem
+  ws_id, problem = workspace_for_groups(mesh_groups(ctx, axes)[1])
+  return ws_id, n, problem
+
+
+def unserved(ctx, axes: tuple) -> tuple[int, str]:
+  """(group size or 0, why no kernel can serve a collective over `axes` here,
+  or ""), without building a workspace: JAXLL_DISABLE, the platform, an
+  install without kernels, no concrete mesh."""
   mesh, groups = mesh_groups(ctx, axes)
   n = len(groups[0]) if groups else 0
   if settings.disabled():
-    return 0, n, "JAXLL_DISABLE is set"
+    return n, "JAXLL_DISABLE is set"
   platforms_ = platforms(ctx)
   if platforms_ != ("cuda",):
-    return 0, n, f"lowering for {'/'.join(platforms_)}; jaxll kernels run on CUDA GPUs"
+    return n, f"lowering for {'/'.join(platforms_)}; jaxll kernels run on CUDA GPUs"
   if ext is None:
-    return 0, n, native.NO_KERNELS_REASON
+    return n, native.NO_KERNELS_REASON
   if mesh is None or not groups:
-    return 0, n, "no concrete device mesh at lowering time"
-  ws_id, problem = workspace_for_groups(groups)
-  return ws_id, n, problem
+    return n, "no concrete device mesh at lowering time"
+  return n, ""
 
 

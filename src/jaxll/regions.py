@@ -23,16 +23,15 @@ from __future__ import annotations
 from functools import partial
 
 import jax
-from jax._src import config as jax_config
-from jax._src.lax import parallel
 
+from jaxll import internals
 from jaxll.all_reduce import all_reduce
 
 
 def _to_varying(x, axes):
-  if not jax_config._check_vma.value:
+  if not internals.check_vma():
     return x
-  return jax.tree_util.tree_map(partial(parallel.insert_collective_pvary, axes), x)
+  return jax.tree_util.tree_map(partial(internals.insert_collective_pvary, axes), x)
 
 
 def _axes(axis_name):
@@ -54,7 +53,7 @@ def _copy_fwd(x, axis_name):
 
 
 def _copy_bwd(axis_name, _, ct):
-  if not jax_config._check_vma.value:
+  if not internals.check_vma():
     # no implicit pvary without check_vma, so psum-based code reduces nothing
     # here either
     return (ct,)

@@ -24,11 +24,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import config as jax_config
-from jax._src import core
-from jax._src.interpreters import batching, mlir
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
 
-from jaxll import algorithms, call_sites, choice, native, ordering, placement, sites
+from jaxll import algorithms, call_sites, choice, internals, native, ordering, placement, sites
 from jaxll.all_reduce import _check_axes_bound, _collective_pvary, _normalize_axes, all_reduce
 
 _WHO = "jaxll.all_reduce_rmsnorm"
@@ -97,6 +96,9 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
       device (its SMs, cluster support), asked at lowering; ranks that cut a
       call differently report a signature mismatch.
 
+  An ``x`` typed ``unreduced`` over ``axis_name`` (explicit sharding's
+  partial sums) takes the composition, whose all-reduce sums it as psum does.
+
   Differentiable in ``x``, ``residual`` and ``weight`` (the all-reduce's
   transpose is psum's). Under ``check_vma`` the results' types are the
   composition's: ``new_residual`` varies over the mesh axes ``x`` varies over
@@ -143,6 +145,12 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
   if not axes:
     return _composed(x, residual, weight, axis_name, eps=eps, algorithm="auto")
   _check_axes_bound(axes, _WHO)
+  if (isinstance(x, jax.core.Tracer)
+      and internals.input_state(x, axes, _WHO) == "unreduced"):
+    # partial sums typed unreduced (explicit sharding): the composition, whose
+    # all-reduce sums them as psum does
+    return _composed(x, residual, weight, axis_name, eps=eps,
+                     algorithm="auto" if algorithm in _FUSED_NAMES else algorithm)
   return _fused(x, residual, weight.astype(x.dtype), axes, eps, algorithm, sites.user_site())
 
 
@@ -182,7 +190,7 @@ def residual_rmsnorm(reduced, residual, weight, *, eps: float):
 # backward pass reduces through jaxll.all_reduce), and its lowering emits the
 # kernel where a workspace serves the axes, else the composition.
 
-all_reduce_rmsnorm_p = core.Primitive("jaxll_all_reduce_rmsnorm")
+all_reduce_rmsnorm_p = Primitive("jaxll_all_reduce_rmsnorm")
 all_reduce_rmsnorm_p.multiple_results = True
 
 
@@ -197,7 +205,7 @@ def _fused(x, residual, weight, axes, eps, requested, site):
 
 def _varying(v) -> frozenset:
   """The mesh axes over which ``v``'s type says it varies (``check_vma``)."""
-  aval = core.typeof(v)
+  aval = jax.typeof(v)
   mat = getattr(aval, "mat", None)  # (jax 0.10 and later)
   if mat is not None:
     return frozenset(mat.varying)
@@ -216,12 +224,12 @@ def _match_types(axes, x, residual, weight):
   ``check_vma`` ``residual`` and ``weight`` are cast to vary over those (no-op
   casts, as jax.numpy's arithmetic inserts), and ``x`` over ``axes``."""
   x = _collective_pvary(axes, x, _WHO)
-  if not jax_config._check_vma.value:
+  if not internals.check_vma():
     return x, residual, weight
   vx, vr, vw = _varying(x), _varying(residual), _varying(weight)
   summed = (vx - set(axes)) | vr
-  return (x, core.pvary(residual, tuple(summed - vr)),
-          core.pvary(weight, tuple((summed | vw) - vw)))
+  return (x, internals.pvary(residual, tuple(summed - vr)),
+          internals.pvary(weight, tuple((summed | vw) - vw)))
 
 
 def _abstract_eval(x, residual, weight, *, axes, eps, requested, site):
@@ -371,4 +379,4 @@ def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
 
 # (every platform: where no kernel serves, the lowering is the composition, and
 # the call's record says why)
-mlir.register_lowering(all_reduce_rmsnorm_p, _fused_lowering, cacheable=False)
+internals.register_device_lowering(all_reduce_rmsnorm_p, _fused_lowering)

@@ -317,9 +317,9 @@ def barrier(timeout_s: float = 300) -> None:
   """In a launched worker: waits until every process of the run reaches its
   barrier of the same number (the n-th call of each process meets the n-th of
   every other), through jax.distributed's key-value store."""
-  from jax._src import distributed
+  from jaxll import internals
   _barriers[0] += 1
-  distributed.global_state.client.wait_at_barrier(f"jaxll-launch-{_barriers[0]}",
+  internals.distributed_client().wait_at_barrier(f"jaxll-launch-{_barriers[0]}",
                                                   int(timeout_s * 1000))
 
 

@@ -73,9 +73,9 @@ def main() -> None:
       programs.append((nbytes, algo, f, x))
   # Compile everything, meet, then run: no process loads a module while its
   # peers' kernels already spin on a shared GPU waiting for it.
-  from jax._src import distributed
+  from jaxll import internals
   programs = [(b, name, f.lower(x).compile(), x) for b, name, f, x in programs]
-  distributed.global_state.client.wait_at_barrier("jaxll-bench-compiled", 300_000)
+  internals.distributed_client().wait_at_barrier("jaxll-bench-compiled", 300_000)
   for _, _, f, x in programs:
     jax.block_until_ready(f(jax.numpy.copy(x)))  # (f donates its argument)
   launch.progress("compiled")
