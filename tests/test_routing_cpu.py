@@ -178,3 +178,89 @@ def test_route_psums_keeps_psum_semantics(mesh1):
   assert sum(sums) == 3, sums  # the scan's and both branches' psums; pmax is XLA's own
   with pytest.raises(ValueError, match="unknown algorithm"):
     jaxll.route_psums(f, algorithm="fastest")
+
+
+_COLLECTIVE_OPS = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter")
+
+
+def _collective_ops(text):
+  return sum(text.count(f'"{op}"') + text.count(f"{op}(") for op in _COLLECTIVE_OPS)
+
+
+def test_route_takes_every_collective_and_the_ones_autodiff_writes(mesh2):
+  # pmax, pmin, pmean, all_gather (each to=), psum_scatter and a psum of a
+  # pytree (one primitive with several operands), written with jax.lax, and the
+  # collectives autodiff writes for them (psum_scatter for all_gather, psum for
+  # the implicit pvary of the replicated x): every collective of the program
+  # becomes a jaxll call site, with JAX's results.
+  def body(x, w):
+    def loss(x, w):
+      g = jax.lax.all_gather(x * w, "tp", tiled=True)
+      gi = jax.lax.all_gather(x, "tp", tiled=True, to="invarying")
+      s = jax.lax.psum_scatter(g, "tp", tiled=True)
+      m = jax.lax.pmean(w, "dp")
+      return jnp.sum(s * m) + jnp.sum(gi)
+    val, grads = jax.value_and_grad(loss, argnums=(0, 1))(x, w)
+    tree = jax.lax.psum({"x": grads[0], "w": grads[1]}, "dp")
+    return (val[None], tree, jax.lax.pmax(w, "tp"), jax.lax.pmin(w, ("dp", "tp")))
+
+  def f(x, w):
+    return jax.shard_map(body, mesh=mesh2, in_specs=(P("tp"), P(("dp", "tp"))),
+                         out_specs=(P(("dp", "tp")), {"x": P("tp"), "w": P("tp")}, P("dp"), P()),
+                         check_vma=False)(x, w)
+
+  x = _put(mesh2, _random((16, 4), np.float32), P("tp"))
+  w = _put(mesh2, _random((32, 4), np.float32, seed=1), P(("dp", "tp")))
+  want = jax.jit(f)(x, w)
+  routed = jax.jit(jaxll.route(f))
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               routed(x, w), want)
+  plain_ops = _collective_ops(jax.jit(f).lower(x, w).as_text())
+  sites = jaxll.explain(routed, x, w)
+  assert jaxll.explain(f, x, w) == []
+  assert len(sites) == plain_ops >= 9, (plain_ops, sites)
+  assert {s.op for s in sites} == {"sum", "max", "min", "all_gather", "psum_scatter"}, sites
+  # route_psums: the sums only
+  sums = jaxll.explain(jax.jit(jaxll.route_psums(f)), x, w)
+  assert {s.op for s in sums} == {"sum"}
+  assert len(sums) == len([s for s in sites if s.op == "sum"])
+  only_gathers = jaxll.explain(jax.jit(jaxll.route(f, collectives=("all_gather",))), x, w)
+  assert {s.op for s in only_gathers} == {"all_gather"}
+
+
+def test_route_keeps_explicit_sharding_types(cpu_devices):
+  # unreduced inputs (psum, psum_scatter) and all_gather(to="reduced"), with
+  # check_vma: the routed program has JAX's types and values.
+  from jax.sharding import AxisType
+  m = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(AxisType.Explicit,) * 2,
+                    devices=cpu_devices)
+  types = []
+
+  def body(v):
+    u = jax.lax.pcast(v, "tp", to="unreduced")
+    outs = (jax.lax.psum(u, "tp"), jax.lax.psum_scatter(u, "tp", tiled=True),
+            jax.lax.all_gather(v, "tp", tiled=True, to="reduced"))
+    types.append(tuple(str(jax.typeof(o)) for o in outs))
+    return outs
+
+  def f(x):
+    return jax.shard_map(body, mesh=m, in_specs=P("tp"),
+                         out_specs=(P(), P("tp"), P(reduced={"tp"})))(x)
+
+  x = _put(m, _random((16, 4), np.float32), P("tp"))
+  want = jax.jit(f)(x)
+  got = jax.jit(jaxll.route(f))(x)
+  assert types[0] == types[-1], types
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), got, want)
+  sites = jaxll.explain(jax.jit(jaxll.route(f)), x)
+  assert sorted(s.op for s in sites) == ["all_gather", "psum_scatter", "sum"], sites
+
+
+def test_route_checks_its_arguments():
+  with pytest.raises(ValueError, match="unknown algorithm"):
+    jaxll.route(lambda x: x, algorithm="fastest")
+  with pytest.raises(ValueError, match="collectives must be"):
+    jaxll.route(lambda x: x, collectives=("psum", "ppermute"))
+  with pytest.raises(ValueError, match="collectives must be"):
+    jaxll.route(lambda x: x, collectives="psum")
+  assert callable(jaxll.route(algorithm="oneshot_barrier")(lambda x: x))

@@ -22,7 +22,7 @@ from jaxll import extension
 from jaxll.extension import get_cmake_dir, get_include
 from jaxll.placement import AlgorithmUnavailableError
 from jaxll.regions import copy_to_parallel_region, reduce_from_parallel_region
-from jaxll.route import route_psums
+from jaxll.route import route, route_psums
 from jaxll.workspace import (
     CollectiveError,
     CollectiveMismatchError,
@@ -68,6 +68,7 @@ __all__ = [
     "recent_call_sites",
     "reduce_from_parallel_region",
     "reset",
+    "route",
     "route_psums",
     "set_config",
     "workspaces",
