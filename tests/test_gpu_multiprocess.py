@@ -107,3 +107,17 @@ def test_all_gather_and_psum_scatter_through_processes(n, reverse, mps):
   assert any("oneshot_sentinel" in v for v in auto.values()), auto
   # the stress chain under auto ran both kernels (37-element and 70001-element pieces)
   assert workers[0].result["stress_kernels"]["auto"] == ["oneshot_ll", "oneshot_sentinel"]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_mesh_forms_and_routing_take_kernels_through_processes(n, mps):
+  # abstract mesh, jax.set_mesh, unreduced inputs, all_gather(to=), and
+  # jax.lax collectives with a gradient under jaxll.route
+  # (tests/mp_scripts/mesh_forms_check.py): every call site a kernel, results exact
+  script = os.path.join(os.path.dirname(CHECKS), "mesh_forms_check.py")
+  workers = launch.run(script, n, timeout=TIMEOUT, env=ENV, mps=mps, devices=["0"] * n)
+  for w in workers:
+    assert not w.result["errors"], (w.process_id, w.result["errors"])
+    assert [name for name, _, _ in w.result["cases"]] == [
+        "abstract mesh", "set_mesh", "unreduced inputs", "all_gather to=", "route"]
+  print(f"\nN={n}: {workers[0].result['cases']}")
