@@ -29,3 +29,38 @@ def test_cases_compute_something(cpu_devices):
   for input_type in ("varying", "invariant", "unreduced"):
     assert any(v for (name, t), v in ok.items() if t == input_type), input_type
   assert sum(ok.values()) >= 14, ok
+
+
+def test_varying_over_some_axes_invariant_over_others(cpu_devices):
+  # The one difference kept: jax.lax.psum refuses an input varying over "a" and
+  # invariant over "x" when it reduces over both; jaxll makes it vary over both
+  # first (as it always has), i.e. psum of the pcast value. Unreduced over some
+  # of the axes only is refused by both.
+  import jax
+  import numpy as np
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  import jaxll
+  m = conformance.mesh(cpu_devices)
+  x = jax.device_put(np.arange(32, dtype=np.float32).reshape(8, 4), NamedSharding(m, P("a")))
+  types = {}
+
+  def run(name, reduce):
+    def body(v):
+      y = reduce(v)
+      types[name] = str(jax.typeof(y))
+      return y
+    return jax.jit(jax.shard_map(body, mesh=m, in_specs=P("a"), out_specs=P()))(x)
+
+  want = run("jax", lambda v: jax.lax.psum(jax.lax.pcast(v, "x", to="varying"), ("a", "x")))
+  got = run("jaxll", lambda v: jaxll.all_reduce(v, ("a", "x")))
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  assert types["jaxll"] == types["jax"]
+  with pytest.raises(ValueError, match="can only accept"):
+    run("jax", lambda v: jax.lax.psum(v, ("a", "x")))
+  for reduce in (lambda u: jaxll.all_reduce(u, ("a", "x")),
+                 lambda u: jaxll.psum_scatter(u, ("a", "x"), tiled=True)):
+    with pytest.raises(ValueError, match="can only accept"):
+      run("jaxll", lambda v: reduce(jax.lax.pcast(jax.lax.pcast(v, "x", to="varying"), "x",
+                                                  to="unreduced")))

@@ -28,9 +28,12 @@ def test_primitives_are_jax_collectives():
                    "all_gather_invariant", "all_gather_reduced", "reduce_scatter",
                    "unreduced_reduce_scatter"}
   assert internals.UNREDUCED_ALL_REDUCE["sum"].name == "unreduced_psum"
-  # unreduced max and min exist from jax 0.12
+  # unreduced max and min: not in jax 0.10, in 0.11.2 and 0.12
   major_minor = tuple(int(v) for v in jax.__version__.split(".")[:2])
-  assert ("max" in internals.UNREDUCED_ALL_REDUCE) == (major_minor >= (0, 12))
+  if major_minor <= (0, 10):
+    assert "max" not in internals.UNREDUCED_ALL_REDUCE
+  if major_minor >= (0, 12):
+    assert {"max", "min"} <= set(internals.UNREDUCED_ALL_REDUCE)
   for p in internals.UNREDUCED_ALL_REDUCE.values():
     assert isinstance(p, Primitive)
 
@@ -52,6 +55,11 @@ def test_types_inside_shard_map(cpu_devices):
     seen["skip"] = internals.skip_one_sized_axes(("a", "x"))
     with pytest.raises(ValueError, match="can only accept"):
       internals.input_state(v, ("a", "x"), "t")  # (invariant over a, varying over x)
+    seen["unreduced_over"] = (internals.unreduced_over(v, ("a", "x"), "t"),
+                              internals.unreduced_over(jax.lax.pcast(v, "x", to="unreduced"),
+                                                       ("x",), "t"))
+    with pytest.raises(ValueError, match="can only accept"):
+      internals.unreduced_over(jax.lax.pcast(v, "x", to="unreduced"), ("a", "x"), "t")
     with internals.checking_vma(False):
       seen["off"] = internals.check_vma()
     return v
@@ -64,6 +72,7 @@ def test_types_inside_shard_map(cpu_devices):
   assert seen["pvary"] == {"x"}
   assert seen["collective_pvary"] == {"a", "x"}
   assert seen["skip"] == ("a", "x")
+  assert seen["unreduced_over"] == (False, True)
   assert internals.auto_pcast() in (True, False)
 
 
@@ -76,26 +85,30 @@ def test_xla_lowering_and_custom_call_exist():
   assert internals.ir.StringAttr is not None
 
 
-def test_jaxll_primitives_are_lowered_with_their_devices():
+def test_devices_marker_only_under_set_mesh(cpu_devices):
+  # Under jax.set_mesh each jaxll call's operand goes through jaxll_devices, a
+  # primitive JAX lowers with the program's devices; elsewhere there is none.
   from jax._src import dispatch
-  from jaxll.all_reduce import all_reduce_p
-  from jaxll.gather_scatter import all_gather_p, psum_scatter_p
-  from jaxll.rmsnorm import all_reduce_rmsnorm_p
-  for p in (all_reduce_p, all_gather_p, psum_scatter_p, all_reduce_rmsnorm_p):
-    assert p in dispatch.prim_requires_devices_during_lowering, p
+  assert internals.devices_p in dispatch.prim_requires_devices_during_lowering
+  m = _mesh(cpu_devices)
+  x = jax.device_put(np.ones((16, 8), np.float32), NamedSharding(m, P("x")))
+  body = lambda v: (jaxll.all_reduce(v, "x"), jaxll.psum_scatter(v, "x", tiled=True))
+  plain = jax.make_jaxpr(jax.shard_map(body, mesh=m, in_specs=P("x"),
+                                       out_specs=(P(), P("x"))))(x)
+  assert "jaxll_devices" not in str(plain)
+  with jax.set_mesh(m):
+    marked = jax.make_jaxpr(jax.shard_map(body, in_specs=P("x"), out_specs=(P(), P("x"))))(x)
+    g = jax.make_jaxpr(jax.grad(lambda v: jax.shard_map(
+        lambda u: jaxll.all_reduce(u, "x"), in_specs=P("x"), out_specs=P())(v).sum()))(x)
+  assert str(marked).count("jaxll_devices") == 2
+  assert "jaxll_devices" in str(g)
 
 
-def test_abstract_mesh_finds_the_program_devices(cpu_devices):
-  # A shard_map over an abstract mesh: the lowering finds the concrete groups
-  # (explain's group size) from the program's devices, and a program lowered
-  # for other devices is lowered again (not taken from JAX's lowering cache).
-  def program(devices):
-    m = _mesh(devices)
-    x = jax.device_put(np.ones((16, 8), np.float32), NamedSharding(m, P("x")))
-    body = lambda v: (jaxll.all_reduce(v, "x"), jaxll.all_gather(v, "a", to="invarying"))
-    return jax.jit(jax.shard_map(body, mesh=m.abstract_mesh, in_specs=P("x"),
-                                 out_specs=(P(), P("x")))), x
-
+def test_abstract_mesh_finds_its_devices_under_set_mesh(cpu_devices):
+  # A shard_map over an abstract mesh: under jax.set_mesh the lowering finds
+  # the concrete groups (explain's group size), and a program for other devices
+  # (the mesh backwards) is lowered again, not taken from JAX's lowering cache.
+  # Without jax.set_mesh the devices are unknown when lowering: XLA serves it.
   seen = []
   orig = internals.lowering_mesh
 
@@ -104,19 +117,32 @@ def test_abstract_mesh_finds_the_program_devices(cpu_devices):
     seen.append(None if mesh is None else [d.id for d in mesh.devices.flat])
     return mesh
 
+  body = lambda v: (jaxll.all_reduce(v, "x"), jaxll.all_gather(v, "a", to="invarying"))
+  f = jax.jit(jax.shard_map(body, mesh=_mesh(cpu_devices).abstract_mesh, in_specs=P("x"),
+                            out_specs=(P(), P("x"))))
   internals.lowering_mesh = spy
   try:
-    f, x = program(cpu_devices)
+    for devices in (cpu_devices, list(reversed(cpu_devices))):
+      m = _mesh(devices)
+      x = jax.device_put(np.ones((16, 8), np.float32), NamedSharding(m, P("x")))
+      seen.clear()
+      with jax.set_mesh(m):
+        sites = jaxll.explain(f, x)
+        f(x)
+      assert [(s.op, s.group_size) for s in sites] == [("sum", 4), ("all_gather", 2)]
+      assert seen and seen[-1] == [d.id for d in devices]
     sites = jaxll.explain(f, x)
-    assert [(s.op, s.group_size) for s in sites] == [("sum", 4), ("all_gather", 2)]
-    assert seen and seen[-1] == [d.id for d in cpu_devices]
-    backwards = list(reversed(cpu_devices))
-    f, x = program(backwards)
-    seen.clear()
-    jaxll.explain(f, x)
-    assert seen and seen[-1] == [d.id for d in backwards]
+    assert sites[0].group_size == 0  # (the all-reduce found no groups)
+    assert seen[-1] is None
   finally:
     internals.lowering_mesh = orig
+  from jaxll import placement
+
+  class Ctx:  # (a lowering context of a shard_map over an abstract mesh)
+    class module_context:
+      class axis_context:
+        mesh = _mesh(cpu_devices).abstract_mesh
+  assert "jax.set_mesh" in placement.no_mesh_reason(Ctx)
 
 
 def test_distributed_client_before_initialize():

@@ -8,7 +8,7 @@ tangent is all-reduced the same way, and it transposes as psum does (to a
 no-op ``pvary`` under ``check_vma``, to another all-reduce without it). An
 input typed ``unreduced`` over the axes (explicit sharding: partial sums still
 to be added) is all-reduced the same way and typed, transposed and batched as
-JAX's ``unreduced_psum`` (``unreduced_pmax``/``pmin`` on jax 0.12): the result
+JAX's ``unreduced_psum`` (``unreduced_pmax``/``pmin`` where jax has them): the result
 is invariant, its cotangent is cast to ``reduced``.
 """
 
@@ -20,12 +20,11 @@ from functools import partial
 import jax
 import numpy as np
 from jax import lax
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
 from jaxll import algorithms, call_sites, choice, internals, native, ordering, placement, sites
 
-all_reduce_p = Primitive("jaxll_all_reduce")
+all_reduce_p = internals.CollectivePrimitive("jaxll_all_reduce")
 
 _REFERENCE = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
 OPS = ("sum", "max", "min", "mean")
@@ -131,7 +130,7 @@ def _all_reduce_leaf(x, *, axes, op, algorithm):
                          algorithm=algorithm)
     return y if op == "sum" else lax.convert_element_type(y, np.bool_)
   check_vma = internals.check_vma()
-  unreduced = internals.input_state(x, axes, "jaxll.all_reduce") == "unreduced"
+  unreduced = internals.unreduced_over(x, axes, "jaxll.all_reduce")
   if unreduced:
     if op not in internals.UNREDUCED_ALL_REDUCE:
       return _REFERENCE[op](x, axes)  # (this jax has no such collective: its own error)
@@ -274,7 +273,7 @@ def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
   if aval.size == 0:
     return xla("empty array", n)
   if mesh is None:
-    return xla("no concrete device mesh at lowering time")
+    return xla(placement.no_mesh_reason(ctx))
 
   if requested == algorithms.AUTO:
     name, reason = choice.choose_auto(n, nbytes, aval.dtype, op)
@@ -326,4 +325,4 @@ def lower_all_reduce(ctx, x, *, axes, op, algorithm, check_vma, unreduced):
 
 # Not cacheable: each call site is lowered (and recorded) on its own, and the
 # decision depends on the mesh in the lowering context.
-internals.register_device_lowering(all_reduce_p, lower_all_reduce)
+internals.register_lowering(all_reduce_p, lower_all_reduce)

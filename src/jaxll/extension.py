@@ -90,7 +90,5 @@ def register_lowering(primitive, rule, *, platform: str | None = "cuda") -> None
   shared function, so that :func:`emit_call` sees the block the call is in and
   chains it with the calls around it. (JAX's default caches a primitive's
   lowering in a function of its own; the call would then start a chain of its
-  own, unordered against jaxll's calls.) Like jaxll's, `primitive` is lowered
-  with the program's devices known (see jaxll.internals.register_device_lowering):
-  a shard_map over an abstract mesh finds its workspace."""
-  internals.register_device_lowering(primitive, rule, platform=platform)
+  own, unordered against jaxll's calls.)"""
+  internals.register_lowering(primitive, rule, platform=platform)

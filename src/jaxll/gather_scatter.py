@@ -42,15 +42,14 @@ from functools import partial
 import jax
 import numpy as np
 from jax import lax
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
 from jaxll import algorithms, call_sites, choice, internals, ordering, placement, sites
 from jaxll.all_reduce import _check_axes_bound, _normalize_axes, dtypes_extended
 from jaxll.placement import AlgorithmUnavailableError
 
-all_gather_p = Primitive("jaxll_all_gather")
-psum_scatter_p = Primitive("jaxll_psum_scatter")
+all_gather_p = internals.CollectivePrimitive("jaxll_all_gather")
+psum_scatter_p = internals.CollectivePrimitive("jaxll_psum_scatter")
 
 # The algorithms these collectives take.
 KERNEL_ALGORITHMS = ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier")
@@ -179,7 +178,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Fals
       return lax.psum_scatter(v, axes, scatter_dimension=scatter_dimension, tiled=tiled)
     if np.ndim(v) == 0:
       raise ValueError("jaxll.psum_scatter: x must have at least one dimension to scatter")
-    unreduced = internals.input_state(v, axes, "jaxll.psum_scatter") == "unreduced"
+    unreduced = internals.unreduced_over(v, axes, "jaxll.psum_scatter")
     if not unreduced:
       v = internals.insert_collective_pvary(axes, v)
     dim = _canonical_axis("psum_scatter", scatter_dimension, np.ndim(v))
@@ -410,5 +409,5 @@ def _scatter_lowering(ctx, x, *, scatter_dimension, axis_name, axis_size, tiled,
                 axis_size, algorithm, dict(scatter_dimension=scatter_dimension, tiled=tiled))
 
 
-internals.register_device_lowering(all_gather_p, _gather_lowering)
-internals.register_device_lowering(psum_scatter_p, _scatter_lowering)
+internals.register_lowering(all_gather_p, _gather_lowering)
+internals.register_lowering(psum_scatter_p, _scatter_lowering)

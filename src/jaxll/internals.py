@@ -4,8 +4,8 @@ jaxll's collectives must type, differentiate, batch and lower exactly as JAX's
 own, and some of what that takes has no public name: the primitives of
 explicit-sharding collectives (``unreduced_psum``, ``all_gather_reduced``,
 ...), the pvary that jax.lax's collectives insert, the ``check_vma`` state,
-the XLA lowering rule of a JAX primitive, and the devices a jit program is
-lowered for. The rest of jaxll uses public modules (``jax.extend.core``,
+the XLA lowering rule of a JAX primitive, the mesh set by ``jax.set_mesh``,
+and JAX's registry of primitives whose lowering needs the program's devices. The rest of jaxll uses public modules (``jax.extend.core``,
 ``jax.interpreters.{ad,batching,mlir}``, ``jax.core``) and reaches private
 ones only through this module. ``tests/test_internals_cpu.py`` checks every
 name here on the installed jax; CI runs it on jax 0.10.2 and 0.12.0.1, the GPU
@@ -14,18 +14,17 @@ machines on 0.11.2.
 
 from __future__ import annotations
 
-import sys
-
-import numpy as np
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import distributed as _distributed
 from jax._src import mesh as _mesh
-from jax._src import sharding_impls as _sharding_impls
 from jax._src.interpreters import mlir as _mlir
 from jax._src.lax import parallel as _parallel
 from jax._src.lib.mlir import ir  # noqa: F401  (MLIR bindings, as JAX's lowering uses them)
+from jax.extend.core import Primitive
+from jax.interpreters import ad as _ad
+from jax.interpreters import batching as _batching
 
 # --- Primitives of JAX's collectives (typing and XLA's lowering are borrowed) -----------
 psum_p = _parallel.psum_p
@@ -37,7 +36,7 @@ all_gather_invariant_p = _parallel.all_gather_invariant_p
 all_gather_reduced_p = _parallel.all_gather_reduced_p
 reduce_scatter_p = _parallel.reduce_scatter_p
 unreduced_reduce_scatter_p = _parallel.unreduced_reduce_scatter_p
-# unreduced inputs to an all-reduce: sums on every jax; max and min from jax 0.12
+# unreduced inputs to an all-reduce: sums on every jax; max and min from jax 0.11
 UNREDUCED_ALL_REDUCE = {op: p for op, p in (
     ("sum", _parallel.unreduced_psum_p),
     ("max", getattr(_parallel, "unreduced_pmax_p", None)),
@@ -86,6 +85,16 @@ def input_state(x, axes: tuple, who: str) -> str:
   return _parallel._get_from(_core.typeof(x), axes, who)
 
 
+def unreduced_over(x, axes: tuple, who: str) -> bool:
+  """Whether ``x`` is typed unreduced over ``axes`` (explicit sharding), with
+  JAX's error where it is over some of them only. (Varying over some axes and
+  invariant over others is not an error here: jaxll makes such an input vary
+  over all of them, as it always has; jax.lax's collectives refuse it.)"""
+  if not set(axes) & set(_core.typeof(x).mat.unreduced):
+    return False
+  return input_state(x, axes, who) == "unreduced"
+
+
 def xla_lowering(prim, platforms):
   """JAX's XLA lowering rule of the primitive `prim` for `platforms`."""
   for p in platforms:
@@ -104,60 +113,71 @@ def distributed_state():
   return _distributed.global_state
 
 
-# --- The concrete mesh a collective is lowered for ------------------------------------
+# --- The devices a collective is lowered for ------------------------------------------
+# A kernel call names the workspace of its devices, so its lowering holds for
+# those devices only. JAX lowers a jit program without its devices and caches
+# that lowering for any devices of the same mesh shape, unless a primitive in
+# it is registered as needing them (as cuDNN's fused attention is). A shard_map
+# over a concrete mesh has its devices in the program itself (the mesh is a
+# parameter of the shard_map), so a lowering is never reused for other ones.
+# Under jax.set_mesh a shard_map names only the abstract mesh, and the devices
+# come from the context: there every jaxll call passes its operand through
+# ``jaxll_devices``, an identity registered as needing the devices, so that JAX
+# lowers such a program for its devices and caches it per device set. (It is
+# not done everywhere: JAX then also requires one mesh across the program, and
+# refuses to lower without devices, as jax.export does.)
 
-def register_device_lowering(prim, rule, platform: str | None = None) -> None:
+devices_p = Primitive("jaxll_devices")
+devices_p.def_abstract_eval(lambda aval: aval)
+devices_p.def_impl(lambda x: x)
+_dispatch.prim_requires_devices_during_lowering.add(devices_p)
+_mlir.register_lowering(devices_p, lambda ctx, x: [x])
+
+
+def _devices_transpose(ct, x):
+  del x
+  return (ct,)
+
+
+def _devices_batch(vals, dims):
+  return devices_p.bind(vals[0]), dims[0]
+
+
+_ad.deflinear2(devices_p, _devices_transpose)
+_batching.primitive_batchers[devices_p] = _devices_batch
+
+
+def _mesh_in_context() -> bool:
+  concrete = _mesh.get_concrete_mesh()
+  return concrete is not None and not concrete.empty
+
+
+class CollectivePrimitive(Primitive):
+  """A jaxll collective's primitive: under jax.set_mesh its first operand goes
+  through ``jaxll_devices`` first (see above)."""
+
+  def bind(self, *args, **params):
+    if args and _mesh_in_context():
+      args = (devices_p.bind(args[0]),) + args[1:]
+    return super().bind(*args, **params)
+
+
+def register_lowering(prim, rule, platform: str | None = None) -> None:
   """Registers `rule` as `prim`'s lowering, emitted inline at every call
-  (never cached into a shared function), in a program lowered for its devices.
-
-  A jaxll call's lowering depends on the devices the program runs on (it
-  builds their workspace and names it in the custom call). JAX lowers a jit
-  program without its devices, and caches that lowering across devices,
-  unless a primitive in it is registered as needing them (as cuDNN's fused
-  attention is). With one, the devices are in the program's lowering context
-  (lowering_mesh finds them for an abstract mesh) and in the cache's key, and
-  a program whose only mesh is abstract cannot be lowered without devices
-  (``jax.export``): JAX raises for it.
-  """
-  _dispatch.prim_requires_devices_during_lowering.add(prim)
+  (never cached into a shared function: ordering.py chains the calls)."""
   _mlir.register_lowering(prim, rule, platform=platform, cacheable=False)
 
 
 def lowering_mesh(ctx):
-  """The mesh (concrete ``jax.sharding.Mesh``) of the shard_map whose body
-  ``ctx`` lowers, or None where none can be known.
-
-  A shard_map over an abstract mesh (``mesh=mesh.abstract_mesh``, or a mesh
-  from ``jax.sharding.use_abstract_mesh``) lowers its body with that abstract
-  mesh, unless a concrete mesh is set (``jax.set_mesh``). Its devices are then
-  the program's: mesh position i runs on the program's i-th device, as XLA
-  numbers partitions. That device assignment is in the lowering context of the
-  whole program, which the shard_map's body context replaces; it is found on
-  the lowering's call stack.
-  """
+  """The concrete mesh (``jax.sharding.Mesh``) of the shard_map whose body
+  ``ctx`` lowers, or None where the lowering does not know its devices: the
+  shard_map's own mesh, or for one over an abstract mesh the mesh set by
+  jax.set_mesh (as JAX finds it)."""
   mesh = getattr(ctx.module_context.axis_context, "mesh", None)
   if mesh is None or isinstance(mesh, _mesh.Mesh):
     return mesh
-  concrete = _mesh.get_concrete_mesh()
-  if (concrete is not None and not concrete.empty
-      and concrete.shape_tuple == mesh.shape_tuple):
-    return concrete
-  devices = _program_devices()
-  if devices is None or len(devices) != mesh.size:
-    return None
-  return _mesh.Mesh(np.array(devices, dtype=object).reshape(mesh.axis_sizes),
-                    mesh.axis_names, axis_types=mesh.axis_types)
-
-
-def _program_devices():
-  """The device assignment of the program being lowered (its ShardingContext)."""
-  frame = sys._getframe(2)
-  while frame is not None:
-    for value in frame.f_locals.values():
-      if isinstance(value, _mlir.ModuleContext):
-        value = value.axis_context
-      if (isinstance(value, _sharding_impls.ShardingContext)
-          and value.device_assignment is not None):
-        return value.device_assignment
-    frame = frame.f_back
+  if _mesh_in_context():
+    concrete = _mesh.get_concrete_mesh()
+    if concrete.shape_tuple == mesh.shape_tuple:
+      return concrete
   return None

@@ -122,14 +122,22 @@ def workspace_for_groups(groups) -> tuple[int, str]:
 
 def mesh_groups(ctx, axes: tuple):
   """(the concrete mesh of the program `ctx` lowers or None, its reduction
-  groups over `axes` or None). A shard_map over an abstract mesh runs on the
-  program's devices (internals.lowering_mesh)."""
+  groups over `axes` or None). A shard_map over an abstract mesh has one
+  under jax.set_mesh (internals.lowering_mesh)."""
   mesh = internals.lowering_mesh(ctx)
   try:
     groups = reduction_groups(mesh, axes) if mesh is not None else None
   except ValueError:  # an axis that is not the mesh's (a vmap axis)
     groups = None
   return mesh, groups
+
+
+def no_mesh_reason(ctx) -> str:
+  """Why the lowering of `ctx` has no concrete mesh."""
+  if getattr(ctx.module_context.axis_context, "mesh", None) is not None:
+    return ("an abstract mesh, and no jax.set_mesh: the devices are not known when "
+            "lowering (use jax.set_mesh, or a concrete mesh)")
+  return "no concrete device mesh at lowering time"
 
 
 def group_size(ctx, axes: tuple) -> int:
@@ -165,7 +173,7 @@ def unserved(ctx, axes: tuple) -> tuple[int, str]:
   if ext is None:
     return n, native.NO_KERNELS_REASON
   if mesh is None or not groups:
-    return n, "no concrete device mesh at lowering time"
+    return n, no_mesh_reason(ctx)
   return n, ""
 
 

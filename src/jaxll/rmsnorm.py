@@ -24,7 +24,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from jaxll import algorithms, call_sites, choice, internals, native, ordering, placement, sites
@@ -145,8 +144,7 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
   if not axes:
     return _composed(x, residual, weight, axis_name, eps=eps, algorithm="auto")
   _check_axes_bound(axes, _WHO)
-  if (isinstance(x, jax.core.Tracer)
-      and internals.input_state(x, axes, _WHO) == "unreduced"):
+  if isinstance(x, jax.core.Tracer) and internals.unreduced_over(x, axes, _WHO):
     # partial sums typed unreduced (explicit sharding): the composition, whose
     # all-reduce sums them as psum does
     return _composed(x, residual, weight, axis_name, eps=eps,
@@ -190,7 +188,7 @@ def residual_rmsnorm(reduced, residual, weight, *, eps: float):
 # backward pass reduces through jaxll.all_reduce), and its lowering emits the
 # kernel where a workspace serves the axes, else the composition.
 
-all_reduce_rmsnorm_p = Primitive("jaxll_all_reduce_rmsnorm")
+all_reduce_rmsnorm_p = internals.CollectivePrimitive("jaxll_all_reduce_rmsnorm")
 all_reduce_rmsnorm_p.multiple_results = True
 
 
@@ -379,4 +377,4 @@ def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
 
 # (every platform: where no kernel serves, the lowering is the composition, and
 # the call's record says why)
-internals.register_device_lowering(all_reduce_rmsnorm_p, _fused_lowering)
+internals.register_lowering(all_reduce_rmsnorm_p, _fused_lowering)

@@ -1,6 +1,7 @@
 """One process of the mesh-forms check (run by jaxll.tools.launch; processes
 sharing one GPU): jaxll's kernels serve, with exact results, calls in a
-shard_map over an abstract mesh and over the mesh set by jax.set_mesh, calls on
+shard_map over an abstract mesh and over no mesh under jax.set_mesh (a bare
+abstract mesh, whose devices the lowering cannot know, is XLA's), calls on
 inputs typed unreduced (explicit sharding: the partial sums of an einsum),
 all_gather(to="invarying" | "reduced"), and collectives written with jax.lax
 (and their gradients) inside jaxll.route. Every call site must take a kernel
@@ -70,11 +71,17 @@ def collectives(v):
 
 
 specs = (P(), P("tp"), P("tp"))  # (the varying gather: each rank its own copy)
-# 1. the mesh given as an abstract mesh
-check("abstract mesh", jax.jit(jax.shard_map(collectives, mesh=mesh.abstract_mesh,
-                                             in_specs=P("tp"), out_specs=specs)),
-      (x,), (total, gathered, piece))
-# 2. the mesh set by jax.set_mesh (shard_map without a mesh)
+# 1. the mesh given as an abstract mesh, under jax.set_mesh
+abstract = jax.jit(jax.shard_map(collectives, mesh=mesh.abstract_mesh, in_specs=P("tp"),
+                                 out_specs=specs))
+with jax.set_mesh(mesh):
+  check("abstract mesh", abstract, (x,), (total, gathered, piece))
+# (without jax.set_mesh: XLA's, and explain says why; not run, as XLA's collectives
+# cannot run several processes on one GPU)
+why = [s.reason for s in jaxll.explain(abstract, x) if s.op == "sum"]
+if not (why and "jax.set_mesh" in why[0]):
+  report["errors"].append(f"bare abstract mesh: {why}")
+# 2. no mesh, the one set by jax.set_mesh
 with jax.set_mesh(mesh):
   check("set_mesh", jax.jit(jax.shard_map(collectives, in_specs=P("tp"), out_specs=specs)),
         (x,), (total, gathered, piece))
@@ -91,7 +98,7 @@ def unreduced(a, b):
   u = jnp.einsum("ij,jk->ik", a, b, out_sharding=NamedSharding(mesh, P(unreduced={"tp"})))
   return jax.shard_map(lambda u: (jaxll.all_reduce(u, "tp"),
                                   jaxll.psum_scatter(u, "tp", tiled=True)),
-                       mesh=mesh.abstract_mesh, in_specs=P(unreduced={"tp"}),
+                       mesh=mesh, in_specs=P(unreduced={"tp"}),
                        out_specs=(P(), P("tp")))(u)
 
 
