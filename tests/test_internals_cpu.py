@@ -77,8 +77,8 @@ def test_types_inside_shard_map(cpu_devices):
 
 
 def test_xla_lowering_and_custom_call_exist():
-  for p in (internals.psum_p, internals.pmax_p, internals.all_gather_p,
-            internals.reduce_scatter_p, internals.UNREDUCED_ALL_REDUCE["sum"]):
+  for p in (internals.psum_p, internals.pmax_p, internals.pmin_p, internals.all_gather_p,
+            internals.reduce_scatter_p):
     assert callable(internals.xla_lowering(p, ("cpu",)))
     assert callable(internals.xla_lowering(p, ("cuda",)))
   assert callable(internals.custom_call) and callable(internals.apply_primitive)
@@ -117,9 +117,9 @@ def test_abstract_mesh_finds_its_devices_under_set_mesh(cpu_devices):
     seen.append(None if mesh is None else [d.id for d in mesh.devices.flat])
     return mesh
 
-  body = lambda v: (jaxll.all_reduce(v, "x"), jaxll.all_gather(v, "a", to="invarying"))
+  body = lambda v: (jaxll.all_reduce(v, "x"), jaxll.all_gather(v, "x", tiled=True, to="invarying"))
   f = jax.jit(jax.shard_map(body, mesh=_mesh(cpu_devices).abstract_mesh, in_specs=P("x"),
-                            out_specs=(P(), P("x"))))
+                            out_specs=(P(), P())))
   internals.lowering_mesh = spy
   try:
     for devices in (cpu_devices, list(reversed(cpu_devices))):
@@ -129,7 +129,7 @@ def test_abstract_mesh_finds_its_devices_under_set_mesh(cpu_devices):
       with jax.set_mesh(m):
         sites = jaxll.explain(f, x)
         f(x)
-      assert [(s.op, s.group_size) for s in sites] == [("sum", 4), ("all_gather", 2)]
+      assert [(s.op, s.group_size) for s in sites] == [("sum", 4), ("all_gather", 4)]
       assert seen and seen[-1] == [d.id for d in devices]
     sites = jaxll.explain(f, x)
     assert sites[0].group_size == 0  # (the all-reduce found no groups)

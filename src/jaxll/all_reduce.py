@@ -164,6 +164,8 @@ def _abstract_eval(aval, *, axes, op, algorithm, check_vma, unreduced):
 
 
 all_reduce_p.def_effectful_abstract_eval(_abstract_eval)
+# (jax 0.12.1's high values: the low value varies over the unreduced axes)
+all_reduce_p.lo_params = lambda in_avals, params: dict(params, unreduced=False)
 all_reduce_p.def_impl(partial(internals.apply_primitive, all_reduce_p))
 
 
@@ -240,8 +242,10 @@ class Decision:
 
 
 def _xla_lowering(ctx, x, *, axes, op, unreduced):
-  """XLA's all-reduce, as JAX lowers the collective this call types as."""
-  prim, params = _reference(op, False, unreduced)
+  """XLA's all-reduce, as JAX lowers psum, pmax or pmin (its unreduced forms
+  lower to the same op; from jax 0.12.1 they reach lowering as those)."""
+  del unreduced
+  prim, params = _reference(op, False, False)
   return internals.xla_lowering(prim, placement.platforms(ctx))(ctx, x, axes=axes, **params)
 
 

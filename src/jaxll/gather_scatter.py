@@ -138,7 +138,7 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False, to: str = "v
       return lax.all_gather(v, axes, axis=axis, tiled=tiled, to=to)
     if to == "varying":
       v = internals.insert_collective_pvary(axes, v)
-    elif to == "invarying" and internals.auto_pcast():
+    elif to == "invarying" and internals.GATHER_INVARIANT_CASTS and internals.auto_pcast():
       missing = tuple(a for a in axes if a not in jax.typeof(v).mat.varying)
       v = internals.pvary(v, missing) if missing else v
     dim = _canonical_axis("all_gather", axis, np.ndim(v) if tiled else np.ndim(v) + 1)
@@ -221,6 +221,13 @@ def _scatter_abstract_eval(aval, *, scatter_dimension, axis_name, axis_size, til
 
 all_gather_p.def_effectful_abstract_eval(_gather_abstract_eval)
 psum_scatter_p.def_effectful_abstract_eval(_scatter_abstract_eval)
+# (jax 0.12.1's high values: leading dimensions for unreduced axes of the global sharding)
+all_gather_p.lo_params = lambda in_avals, params: dict(
+    params, all_gather_dimension=params["all_gather_dimension"]
+    + internals.leading_unreduced_dims(in_avals[0]))
+psum_scatter_p.lo_params = lambda in_avals, params: dict(
+    params, unreduced=False, scatter_dimension=params["scatter_dimension"]
+    + internals.leading_unreduced_dims(in_avals[0]))
 all_gather_p.def_impl(partial(internals.apply_primitive, all_gather_p))
 psum_scatter_p.def_impl(partial(internals.apply_primitive, psum_scatter_p))
 

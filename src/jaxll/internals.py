@@ -14,6 +14,8 @@ machines on 0.11.2.
 
 from __future__ import annotations
 
+import re
+
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
@@ -22,6 +24,7 @@ from jax._src import mesh as _mesh
 from jax._src.interpreters import mlir as _mlir
 from jax._src.lax import parallel as _parallel
 from jax._src.lib.mlir import ir  # noqa: F401  (MLIR bindings, as JAX's lowering uses them)
+import jax
 from jax.extend.core import Primitive
 from jax.interpreters import ad as _ad
 from jax.interpreters import batching as _batching
@@ -127,7 +130,31 @@ def distributed_state():
 # not done everywhere: JAX then also requires one mesh across the program, and
 # refuses to lower without devices, as jax.export does.)
 
-devices_p = Primitive("jaxll_devices")
+class HighAwarePrimitive(Primitive):
+  """A primitive that takes jax 0.12.1's "high" values: from that version a
+  value typed unreduced is one, which JAX takes apart into a "low" value
+  (varying over the unreduced axes, with their sizes as leading dimensions
+  where the global sharding names them) before lowering; every primitive that
+  takes one says so (``is_high``) and binds itself on the low value
+  (``to_lojax``). ``lo_params(in_avals, params)`` gives that call's parameters
+  (set where they change)."""
+
+  lo_params = staticmethod(lambda in_avals, params: params)
+
+  def is_high(self, *avals, **params) -> bool:
+    return any(getattr(a, "is_high", False) for a in avals)
+
+  def to_lojax(self, *args, **params):
+    in_avals = [_core.typeof(a) for a in args]
+    out, _ = self.abstract_eval(*in_avals, **params)
+    lo_args = [lo for aval, a in zip(in_avals, args) for lo in aval.lower_val(a)]
+    lo_out = self.bind(*lo_args, **self.lo_params(in_avals, params))
+    if self.multiple_results:
+      return [o.raise_val(v) for o, v in zip(out, lo_out)]
+    return out.raise_val(lo_out)
+
+
+devices_p = HighAwarePrimitive("jaxll_devices")
 devices_p.def_abstract_eval(lambda aval: aval)
 devices_p.def_impl(lambda x: x)
 _dispatch.prim_requires_devices_during_lowering.add(devices_p)
@@ -152,14 +179,26 @@ def _mesh_in_context() -> bool:
   return concrete is not None and not concrete.empty
 
 
-class CollectivePrimitive(Primitive):
+class CollectivePrimitive(HighAwarePrimitive):
   """A jaxll collective's primitive: under jax.set_mesh its first operand goes
-  through ``jaxll_devices`` first (see above)."""
+  through ``jaxll_devices`` first (see above); it takes high values."""
 
   def bind(self, *args, **params):
     if args and _mesh_in_context():
       args = (devices_p.bind(args[0]),) + args[1:]
     return super().bind(*args, **params)
+
+
+def leading_unreduced_dims(aval) -> int:
+  """How many leading dimensions a high value's low value adds (see above)."""
+  spec = getattr(getattr(aval, "sharding", None), "spec", None)
+  return len(getattr(spec, "unreduced", ()) or ())
+
+
+# jax.lax.all_gather(to="invarying") makes an invariant operand vary first up to
+# jax 0.12.0; from 0.12.1 it refuses one
+GATHER_INVARIANT_CASTS = tuple(
+    int(re.match(r"\d*", v).group() or 0) for v in jax.__version__.split(".")[:3]) < (0, 12, 1)
 
 
 def register_lowering(prim, rule, platform: str | None = None) -> None:
