@@ -54,44 +54,38 @@ COLLECTIVES = ("psum", "pmax", "pmin", "all_gather", "psum_scatter")
 
 
 def _all_reduce_rule(op: str, check_vma, unreduced: bool):
-  def rule(eqn, axes, algorithm):
+  def rule(eqn, axes):
     vma = check_vma
     if vma is None:  # (pmax/pmin: under check_vma, jax.lax made the operand vary over axes)
       vma = bool(set(axes) & set(eqn.invars[0].aval.mat.varying))
-    return all_reduce_p, dict(axes=axes, op=op, algorithm=algorithm, check_vma=vma,
-                              unreduced=unreduced)
+    return all_reduce_p, dict(axes=axes, op=op, check_vma=vma, unreduced=unreduced)
   return rule
 
 
-def _gather_rule(to: str):
-  def rule(eqn, axes, algorithm):
+def _gather_scatter_rule(prim, dimension: str, **typed):
+  """all_gather's or psum_scatter's: JAX's shape parameters, and its typed form."""
+  def rule(eqn, axes):
     p = eqn.params
-    return all_gather_p, dict(all_gather_dimension=p["all_gather_dimension"], axis_name=axes,
-                              axis_size=p["axis_size"], tiled=p["tiled"], to=to,
-                              algorithm=algorithm)
+    return prim, dict(axis_name=axes, axis_size=p["axis_size"], tiled=p["tiled"],
+                      **{dimension: p[dimension]}, **typed)
   return rule
 
 
-def _scatter_rule(unreduced: bool):
-  def rule(eqn, axes, algorithm):
-    p = eqn.params
-    return psum_scatter_p, dict(scatter_dimension=p["scatter_dimension"], axis_name=axes,
-                                axis_size=p["axis_size"], tiled=p["tiled"],
-                                unreduced=unreduced, algorithm=algorithm)
-  return rule
+_gather = functools.partial(_gather_scatter_rule, all_gather_p, "all_gather_dimension")
+_scatter = functools.partial(_gather_scatter_rule, psum_scatter_p, "scatter_dimension")
 
-
-# JAX's primitive -> (collective, rule: (eqn, axes, algorithm) -> jaxll's primitive, params)
+# JAX's primitive -> (collective, rule: (eqn, axes) -> jaxll's primitive, its parameters
+# but the algorithm)
 _RULES = {
     internals.psum_p: ("psum", _all_reduce_rule("sum", False, False)),
     internals.psum_invariant_p: ("psum", _all_reduce_rule("sum", True, False)),
     internals.pmax_p: ("pmax", _all_reduce_rule("max", None, False)),
     internals.pmin_p: ("pmin", _all_reduce_rule("min", None, False)),
-    internals.all_gather_p: ("all_gather", _gather_rule("varying")),
-    internals.all_gather_invariant_p: ("all_gather", _gather_rule("invarying")),
-    internals.all_gather_reduced_p: ("all_gather", _gather_rule("reduced")),
-    internals.reduce_scatter_p: ("psum_scatter", _scatter_rule(False)),
-    internals.unreduced_reduce_scatter_p: ("psum_scatter", _scatter_rule(True)),
+    internals.all_gather_p: ("all_gather", _gather(to="varying")),
+    internals.all_gather_invariant_p: ("all_gather", _gather(to="invarying")),
+    internals.all_gather_reduced_p: ("all_gather", _gather(to="reduced")),
+    internals.reduce_scatter_p: ("psum_scatter", _scatter(unreduced=False)),
+    internals.unreduced_reduce_scatter_p: ("psum_scatter", _scatter(unreduced=True)),
 }
 for _op, _prim in internals.UNREDUCED_ALL_REDUCE.items():
   _RULES[_prim] = ("p" + _op, _all_reduce_rule(_op, True, True))
@@ -179,7 +173,7 @@ def _route_eqn(eqn, algorithm: str, chosen) -> list:
   out = []
   for invar, outvar in zip(eqn.invars, eqn.outvars):
     one = eqn.replace(invars=[invar], outvars=[outvar])
-    prim, params = entry[1](one, axes, algorithm)
+    prim, params = entry[1](one, axes)
     params["algorithm"] = _algorithm_for(prim, algorithm)  # (a kernel the collective has)
     out.append(one.replace(primitive=prim, params=params))
   return out
