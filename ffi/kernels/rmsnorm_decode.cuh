@@ -6,8 +6,8 @@
 // its segment of the flattened (tokens, hidden) array; the one-shot body pushes
 // it to every peer and reduces the N contributions in rank order (bitwise what
 // jaxll.all_reduce gives), and the epilogue adds the residual in float32,
-// rounds once (new_residual), sums the squares of the rounded values, combines
-// the row's sum with the row's other blocks (rmsnorm_row_total.cuh), and writes
+// rounds once (new_residual), sums the squares of the rounded values exactly,
+// combines the row's sum with the row's other blocks (rmsnorm_row_total.cuh), and writes
 // normed = round(new_residual * rsqrt(mean + eps)) * weight for its units.
 //
 // P is the exchange: LL16 (8-byte units) or sentinel (16-byte units stored
@@ -36,7 +36,7 @@ struct DecodeNorm {
   bool entered = false;   // (clustered: this thread has waited out the entry barrier)
   uint64_t tag0 = 0;
   int64_t unit = 0;       // its unit of the flattened array
-  float squares = 0.f;
+  SquareSum squares = SquareSum::empty();
   Unit<W> rv{}, wv{}, hv{};
 
   __device__ __forceinline__ explicit DecodeNorm(const RmsNormArgs& args)

@@ -34,7 +34,7 @@ struct RowsNorm {
   uint64_t tag0 = 0;
   int64_t row = 0;    // the row being reduced
   int64_t k = 0;      // its index among the block's rows
-  float squares = 0.f;
+  SquareSum squares = SquareSum::empty();
   Unit<8> rv{}, kept_new{}, kept_w{};
 
   __device__ __forceinline__ explicit RowsNorm(const RmsNormArgs& args)
@@ -54,7 +54,7 @@ struct RowsNorm {
   __device__ __forceinline__ void start_row(int64_t index) {
     k = index;
     row = g.group + index * (gridDim.x / a.segments);
-    squares = 0.f;
+    squares = SquareSum::empty();
   }
   __device__ __forceinline__ void enter() {
     if (a.clustered) cluster_entry_arrive();
@@ -78,12 +78,13 @@ struct RowsNorm {
   // stores) times the inverse root mean square, rounded, times the weight.
   // `epoch`: the row's last round's.
   __device__ __forceinline__ void norm_row(uint64_t epoch, bool* ok) {
-    const float part = block_sum(squares);
+    const SquareSum part = block_sum(squares);
     const float total =
-        a.segments == 1 ? part
-        : a.clustered   ? cluster_row_total(part, static_cast<int>(k & 1), a.segments, ok, &entered)
-                        : row_total(a, g, part, tag0 + static_cast<uint64_t>(k) + 1,
-                                    static_cast<int>(k & 1), epoch, ok);
+        (a.segments == 1 ? part
+         : a.clustered   ? cluster_row_total(part, static_cast<int>(k & 1), a.segments, ok, &entered)
+                         : row_total(a, g, part, tag0 + static_cast<uint64_t>(k) + 1,
+                                     static_cast<int>(k & 1), epoch, ok))
+            .to_float();
     const float inv = rsqrtf(total / static_cast<float>(a.hidden) + a.eps);
     const T* nr = static_cast<const T*>(a.new_residual) + row * a.hidden;
     T* no = static_cast<T*>(a.normed) + row * a.hidden;

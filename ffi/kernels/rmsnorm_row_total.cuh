@@ -1,26 +1,31 @@
-// How the blocks of a row agree on its sum of squares, added in one fixed order
-// so that every block and every rank gets the same bits: within a block
-// (block_sum), through this rank's header as tagged LL16 packets (row_total),
-// or, on devices that launch thread-block clusters (compute capability 9.0 and
-// newer), among the blocks of a row's cluster through distributed shared
-// memory (cluster_row_total for the general kernel; wave_cluster_total, by
-// st.async counted on an mbarrier, for the one-row-wave kernels).
+// How the blocks of a row agree on its sum of squares: an exact SquareSum
+// (square_sum.cuh), so that every block, every rank and every cut of the call
+// gets the same bits, whichever blocks, warps and threads added which squares:
+// within a block (block_sum), through this rank's header as tagged LL16 packets
+// (row_total), or, on devices that launch thread-block clusters (compute
+// capability 9.0 and newer), among the blocks of a row's cluster through
+// distributed shared memory (cluster_row_total for the general kernel;
+// wave_cluster_total, by st.async counted on an mbarrier, for the one-row-wave
+// kernels).
 #pragma once
 
 #include <cooperative_groups.h>
 
 #include "kernels/rmsnorm_rows.cuh"
+#include "kernels/square_sum.cuh"
 
 namespace jaxll {
+
+static_assert(kSquareSumWords == kNormPartialWords, "the header's partials hold a SquareSum");
 
 // The sum of `v` over the block (every thread gets it; every thread must call),
 // and whether every thread's *ok held: false in every thread's *ok otherwise
 // (so the one barrier also does what block_failed does). `again`: an earlier
 // call of this block may still be reading the partials (a barrier first).
-__device__ __forceinline__ float block_sum_ok(float v, bool* ok, bool again) {
-  __shared__ float s_part[kBlockThreads / 32];
+__device__ __forceinline__ SquareSum block_sum_ok(SquareSum v, bool* ok, bool again) {
+  __shared__ SquareSum s_part[kBlockThreads / 32];
   __shared__ int s_bad[kBlockThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = warp_square_sum(v);
   const bool bad = __any_sync(0xffffffffu, !*ok);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (again) __syncthreads();
@@ -29,66 +34,76 @@ __device__ __forceinline__ float block_sum_ok(float v, bool* ok, bool again) {
     s_bad[warp] = bad ? 1 : 0;
   }
   __syncthreads();
-  float t = 0.f;
-  int any_bad = 0;
-  const int warps = (blockDim.x + 31) / 32;
-  for (int w = 0; w < warps; ++w) {  // the same order in every thread
-    t += s_part[w];
-    any_bad |= s_bad[w];
-  }
-  if (any_bad) *ok = false;
-  return t;
+  const int warps = (blockDim.x + 31) / 32;  // (at most 32)
+  if (__any_sync(0xffffffffu, lane < warps && s_bad[lane])) *ok = false;
+  return warp_square_sum(lane < warps ? s_part[lane] : SquareSum::empty());
 }
 
 // The sum of `v` over the block (every thread gets it; every thread must call).
-__device__ __forceinline__ float block_sum(float v) {
+__device__ __forceinline__ SquareSum block_sum(SquareSum v) {
   bool ok = true;
   return block_sum_ok(v, &ok, true);
 }
 
-// The partial-sum packet of block `block` for row-waves of parity `parity`.
-__device__ __forceinline__ LL16* norm_partial(const RankView& v, int block, int parity) {
-  return reinterpret_cast<LL16*>(v.header->norm_partials[block][parity]);
+// Packet `word` of block `block`'s partial sum for row-waves of parity `parity`.
+__device__ __forceinline__ LL16* norm_partial(const RankView& v, int block, int parity, int word) {
+  return reinterpret_cast<LL16*>(v.header->norm_partials[block][parity][word]);
 }
 
 // Publishes this block's partial sum of squares of row-wave `tag` and returns
-// the row's total: the partials of its S blocks added in segment order (the
-// same bits in every block and on every rank). False in *ok when a wait gave up.
-__device__ __forceinline__ float row_total(const RmsNormArgs& a, const Segment& g, float part,
-                                           uint64_t tag, int parity, uint64_t epoch, bool* ok) {
-  __shared__ float s_seg[kMaxBlocks];
+// the row's total over its S blocks (the same bits in every block and on every
+// rank). Warp 0 reads the S partials (lane l those of segments l, l + 32) and
+// merges them; the block takes the total from it. False in *ok when a wait
+// gave up.
+__device__ __forceinline__ SquareSum row_total(const RmsNormArgs& a, const Segment& g,
+                                               const SquareSum& part, uint64_t tag, int parity,
+                                               uint64_t epoch, bool* ok) {
+  __shared__ SquareSum s_total;
   __shared__ int s_failed;
   const RankView& v = a.base.view;
   const uint32_t flag = static_cast<uint32_t>(tag);
   const uint64_t high = tag >> 32;
-  if (threadIdx.x == 0) {
-    s_failed = 0;
-    ll16_store(norm_partial(v, blockIdx.x, parity), (high << 32) | __float_as_uint(part), flag);
+  if (threadIdx.x < kSquareSumWords) {
+    const int w = static_cast<int>(threadIdx.x);
+    ll16_store(norm_partial(v, blockIdx.x, parity, w), (high << 32) | square_sum_word(part, w), flag);
   }
-  __syncthreads();
-  const int first = static_cast<int>(g.group) * a.segments;
-  for (int j = threadIdx.x; j < a.segments; j += blockDim.x) {
-    const LL16* slot = norm_partial(v, first + j, parity);
-    LL16Value q = ll16_load(slot);
-    auto ready = [&] { return ll16_ready(q, flag) && (ll16_payload(q) >> 32) == high; };
-    bool got = ready();
-    if (!got && *ok) {
-      // (a timeout here names this rank and the block's last round: a sibling
-      // block of this rank did not finish that round)
-      const WaitContext ctx = wait_context(v, epoch);
-      got = bounded_wait(ctx, static_cast<uint32_t>(v.rank), [&] {
-        q = ll16_load(slot);
-        return ready();
-      });
+  if (threadIdx.x < 32) {
+    const int first = static_cast<int>(g.group) * a.segments;
+    SquareSum t = SquareSum::empty();
+    bool failed = false;
+    for (int j = threadIdx.x; j < a.segments; j += 32) {
+      uint32_t words[kSquareSumWords];
+#pragma unroll
+      for (int w = 0; w < kSquareSumWords; ++w) {
+        const LL16* slot = norm_partial(v, first + j, parity, w);
+        LL16Value q = ll16_load(slot);
+        auto ready = [&] { return ll16_ready(q, flag) && (ll16_payload(q) >> 32) == high; };
+        bool got = ready();
+        if (!got && *ok && !failed) {
+          // (a timeout here names this rank and the block's last round: a
+          // sibling block of this rank did not finish that round)
+          const WaitContext ctx = wait_context(v, epoch);
+          got = bounded_wait(ctx, static_cast<uint32_t>(v.rank), [&] {
+            q = ll16_load(slot);
+            return ready();
+          });
+        }
+        failed |= !got;
+        words[w] = static_cast<uint32_t>(ll16_payload(q));
+      }
+      t.merge(square_sum_of(words));
     }
-    if (!got) s_failed = 1;
-    s_seg[j] = __uint_as_float(static_cast<uint32_t>(ll16_payload(q)));
+    t = warp_square_sum(t);
+    failed = __any_sync(0xffffffffu, failed);
+    if (threadIdx.x == 0) {
+      s_total = t;
+      s_failed = failed ? 1 : 0;
+    }
   }
   __syncthreads();
   if (s_failed) *ok = false;
-  float total = 0.f;
-  for (int j = 0; j < a.segments; ++j) total += s_seg[j];
-  __syncthreads();  // s_seg is read by every thread before the next row reuses it
+  const SquareSum total = s_total;
+  __syncthreads();  // s_total is read by every thread before the next row reuses it
   return total;
 }
 
@@ -115,11 +130,11 @@ __device__ __forceinline__ void cluster_entry_arrive() {
 #endif
 }
 
-__device__ __forceinline__ float cluster_row_total(float part, int parity, int segments,
-                                                   bool* ok, bool* entered) {
+__device__ __forceinline__ SquareSum cluster_row_total(const SquareSum& part, int parity,
+                                                       int segments, bool* ok, bool* entered) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
-  __shared__ float s_total_part[2][kClusterSegments];
+  __shared__ SquareSum s_total_part[2][kClusterSegments];
   __shared__ int s_total_bad[2][kClusterSegments];
   if (!*entered) {
     asm volatile("barrier.cluster.wait;" ::: "memory");  // every sibling has started
@@ -133,14 +148,9 @@ __device__ __forceinline__ float cluster_row_total(float part, int parity, int s
     *cluster.map_shared_rank(&s_total_bad[parity][seg], threadIdx.x) = *ok ? 0 : 1;
   }
   cluster.sync();
-  float total = 0.f;
-  int bad = 0;
-  for (int j = 0; j < segments; ++j) {
-    total += s_total_part[parity][j];
-    bad |= s_total_bad[parity][j];
-  }
-  if (bad) *ok = false;
-  return total;
+  const int lane = threadIdx.x % 32;  // (segments <= kClusterSegments <= 32)
+  if (__any_sync(0xffffffffu, lane < segments && s_total_bad[parity][lane])) *ok = false;
+  return warp_square_sum(lane < segments ? s_total_part[parity][lane] : SquareSum::empty());
 #else
   __trap();  // the host launches clusters only where the device has them
   return part;
@@ -153,22 +163,20 @@ __device__ __forceinline__ void cluster_drain(const RmsNormArgs& a, const Segmen
                                               int64_t from, bool* entered) {
   for (int64_t k = from; k < g.rows; ++k) {
     bool ok = false;  // (sends its failure)
-    cluster_row_total(0.f, static_cast<int>(k & 1), a.segments, &ok, entered);
+    cluster_row_total(SquareSum::empty(), static_cast<int>(k & 1), a.segments, &ok, entered);
   }
 }
 
 // --- The one-row-wave kernels' row total over a cluster ---------------------------
 // In a one-row-wave call (the decode-shape and two-shot kernels) each block of
-// a clustered row makes one exchange, so it can do without the block sum's two
-// barriers and the cluster barrier (whose arrive releases every earlier store
-// of the thread at cluster scope; it measured 0.1-0.5 us a call slower on one
-// H200). Every warp sends its partial
-// sum of squares and whether it failed to every sibling with st.async into
-// slot [segment][warp] of the sibling's shared memory, and each block waits
-// on its own mbarrier, which completes once all S x warps slots have landed.
-// Every thread then adds the same slots in the same order (per lane, then the
-// warp's xor tree, which gives every lane the same bits), so every block and
-// rank gets the same total.
+// a clustered row makes one exchange, so it can do without the cluster
+// barrier (whose arrive releases every earlier store of the thread at cluster
+// scope; it measured 0.1-0.5 us a call slower on one H200). Each block sums
+// its squares (block_sum_ok), then sends its sum and whether it failed to
+// every sibling with st.async into slot [segment] of the sibling's shared
+// memory, and each block waits on its own mbarrier, which completes once all
+// S slots have landed; every warp then merges them (exactly: every block and
+// rank gets the same total).
 // The mbarrier is initialised at kernel entry and made visible to the siblings
 // by the entry arrive (wave_cluster_begin) and the wait before the first
 // exchange; a block only waits for what lands in its own shared memory, and it
@@ -176,9 +184,13 @@ __device__ __forceinline__ void cluster_drain(const RmsNormArgs& a, const Segmen
 // reaches a block that has left. Every block of the cluster sends exactly once
 // (a block that gave up sends its failure: wave_give_up), else its siblings
 // would wait forever (as on the cluster barrier it replaces).
+// (a slot: the block's SquareSum's words, then 1 if it failed)
+struct alignas(16) WaveClusterSlot {
+  uint32_t w[kSquareSumWords + 1];
+};
 struct WaveClusterSlots {
   alignas(8) unsigned long long bar;
-  float2 slot[kClusterSegments][kBlockThreads / 32];  // (partial, failed as float bits)
+  WaveClusterSlot slot[kClusterSegments];
 };
 
 __device__ __forceinline__ WaveClusterSlots& wave_cluster_slots() {
@@ -199,7 +211,7 @@ __device__ __forceinline__ void wave_cluster_begin(int segments) {
   WaveClusterSlots& s = wave_cluster_slots();
   if (threadIdx.x == 0) {
     const uint32_t bar = shared_address(&s.bar);
-    const uint32_t bytes = static_cast<uint32_t>(segments) * (blockDim.x / 32) * sizeof(float2);
+    const uint32_t bytes = static_cast<uint32_t>(segments) * sizeof(WaveClusterSlot);
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -211,29 +223,35 @@ __device__ __forceinline__ void wave_cluster_begin(int segments) {
 // The row's sum of squares from every thread's `squares` over the S blocks of
 // the cluster; false in every thread's *ok of every block if any thread's *ok
 // was false. Every thread of every block of the cluster calls it once.
-__device__ __forceinline__ float wave_cluster_total(float squares, int segments, bool* ok,
-                                                    bool* entered) {
+__device__ __forceinline__ SquareSum wave_cluster_total(const SquareSum& squares, int segments,
+                                                        bool* ok, bool* entered) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(sizeof(WaveClusterSlot) == 32, "two 16-byte stores a slot");
   WaveClusterSlots& s = wave_cluster_slots();
-  float v = squares;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const float bad = __any_sync(0xffffffffu, !*ok) ? 1.f : 0.f;
+  const SquareSum v = block_sum_ok(squares, ok, false);
+  const uint32_t bad = *ok ? 0u : 1u;
   if (!*entered) {
     asm volatile("barrier.cluster.wait;" ::: "memory");  // every sibling has started
     *entered = true;
   }
   uint32_t seg;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(seg));
-  const int warps = static_cast<int>(blockDim.x / 32);
-  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
-  if (lane < segments) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (threadIdx.x < static_cast<unsigned>(segments)) {
     uint32_t slot, bar;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
                  : "=r"(slot)
-                 : "r"(shared_address(&s.slot[seg][warp])), "r"(lane));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(shared_address(&s.bar)), "r"(lane));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];"
-                 ::"r"(slot), "r"(__float_as_uint(v)), "r"(__float_as_uint(bad)), "r"(bar)
+                 : "r"(shared_address(&s.slot[seg])), "r"(static_cast<uint32_t>(threadIdx.x)));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(bar)
+                 : "r"(shared_address(&s.bar)), "r"(static_cast<uint32_t>(threadIdx.x)));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
+                 ::"r"(slot), "r"(square_sum_word(v, 0)), "r"(square_sum_word(v, 1)),
+                   "r"(square_sum_word(v, 2)), "r"(square_sum_word(v, 3)), "r"(bar)
+                 : "memory");
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
+                 ::"r"(slot + 16), "r"(square_sum_word(v, 4)), "r"(square_sum_word(v, 5)),
+                   "r"(square_sum_word(v, 6)), "r"(bad), "r"(bar)
                  : "memory");
   }
   // (not a bounded wait, as the cluster barrier it replaces is not: every
@@ -249,18 +267,10 @@ __device__ __forceinline__ float wave_cluster_total(float squares, int segments,
         : "r"(bar)
         : "memory");
   }
-  float t = 0.f, b = 0.f;
-  for (int e = lane; e < segments * warps; e += 32) {  // slots in [segment][warp] order
-    const float2 q = s.slot[e / warps][e % warps];
-    t += q.x;
-    b += q.y;
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    t += __shfl_xor_sync(0xffffffffu, t, o);
-    b += __shfl_xor_sync(0xffffffffu, b, o);
-  }
-  if (b != 0.f) *ok = false;
-  return t;
+  // (segments <= kClusterSegments <= 32: lane l merges slot l)
+  const bool mine = lane < segments;
+  if (__any_sync(0xffffffffu, mine && s.slot[lane].w[kSquareSumWords] != 0)) *ok = false;
+  return warp_square_sum(mine ? square_sum_of(s.slot[lane].w) : SquareSum::empty());
 #else
   __trap();  // the host launches clusters only where the device has them
   return squares;
@@ -275,7 +285,7 @@ __device__ __forceinline__ void wave_give_up(const RmsNormArgs& a, const Segment
   poison_segments<T, W>(a, g);
   if (a.clustered) {
     bool ok = false;  // (sends its failure)
-    wave_cluster_total(0.f, a.segments, &ok, entered);
+    wave_cluster_total(SquareSum::empty(), a.segments, &ok, entered);
   }
 }
 
@@ -286,16 +296,16 @@ __device__ __forceinline__ void wave_give_up(const RmsNormArgs& a, const Segment
 // cluster, clustered) if it was false in any. False when the block must give
 // up before the row's exchange (not clustered only: the caller poisons its
 // segment and returns).
-__device__ __forceinline__ bool wave_total(const RmsNormArgs& a, const Segment& g, float squares,
-                                           uint64_t tag0, uint64_t epoch, bool* ok, bool* entered,
-                                           float* total) {
+__device__ __forceinline__ bool wave_total(const RmsNormArgs& a, const Segment& g,
+                                           const SquareSum& squares, uint64_t tag0, uint64_t epoch,
+                                           bool* ok, bool* entered, float* total) {
   if (a.clustered) {
-    *total = wave_cluster_total(squares, a.segments, ok, entered);
+    *total = wave_cluster_total(squares, a.segments, ok, entered).to_float();
     return true;
   }
-  const float part = block_sum_ok(squares, ok, false);
+  const SquareSum part = block_sum_ok(squares, ok, false);
   if (!*ok) return false;
-  *total = a.segments == 1 ? part : row_total(a, g, part, tag0 + 1, 0, epoch, ok);
+  *total = (a.segments == 1 ? part : row_total(a, g, part, tag0 + 1, 0, epoch, ok)).to_float();
   return true;
 }
 

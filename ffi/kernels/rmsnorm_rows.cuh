@@ -4,6 +4,7 @@
 
 #include "kernels/call_args.cuh"
 #include "kernels/rmsnorm_args.h"
+#include "kernels/square_sum.cuh"
 
 namespace jaxll {
 
@@ -99,18 +100,20 @@ __device__ __forceinline__ void poison_segments(const RmsNormArgs& a, const Segm
 // and rounded once; the squares of the rounded values go into *squares.
 template <class T, int W = 8>
 __device__ __forceinline__ Unit<W> residual_add(const Unit<W>& sum, const Unit<W>& rv,
-                                                float* squares) {
+                                                SquareSum* squares) {
   using Tr = ElemTraits<T>;
   constexpr int E = W / static_cast<int>(sizeof(T));
   T s[E], q[E], o[E];
+  float sq[E];
   memcpy(s, sum.p, W);
   memcpy(q, rv.p, W);
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     o[e] = Tr::from_acc(Tr::to_acc(s[e]) + Tr::to_acc(q[e]));
     const float h = Tr::to_acc(o[e]);
-    *squares += h * h;
+    sq[e] = h * h;
   }
+  squares->add_all<E>(sq);
   Unit<W> out;
   memcpy(out.p, o, W);
   return out;

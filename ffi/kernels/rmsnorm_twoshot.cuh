@@ -2,11 +2,9 @@
 // (reduce-scatter, then all-gather of the sums), the residual add and the
 // row's norm after them.
 //
-// Its units stay in registers from the exchange to the norm (K a thread), and
-// every rank adds a segment's squares in unit order whichever chunk it owned,
-// so that normed is bitwise the same on every rank; the two-shot all-reduce's
-// rounds (twoshot.cuh) hand units to threads by destination rank instead, which
-// keeps neither.
+// Its units stay in registers from the exchange to the norm (K a thread); the
+// two-shot all-reduce's rounds (twoshot.cuh) hand units to threads by
+// destination rank instead, which would not.
 #pragma once
 
 #include "kernels/rmsnorm_row_total.cuh"
@@ -125,10 +123,9 @@ __device__ __forceinline__ void rmsnorm_twoshot(const RmsNormArgs& a) {
       ok = channel_recv<P, T, W>(ag, owner, u - owner * c, &hv[k]);
     }
   }
-  // The residual, added in unit order (so the squares add up in the same order
-  // on every rank, whichever units it owned).
+  // The residual, and the squares of new_residual.
   Unit<W> wv[K];
-  float squares = 0.f;
+  SquareSum squares = SquareSum::empty();
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);

@@ -18,7 +18,7 @@ namespace {
 // headers behind, marked ErrorKind::kFreed, so that a command buffer recorded
 // against it and replayed later reads a live header, sees the mark, poisons its
 // output and touches no freed memory. kHeaderSlot bytes per rank and workspace.
-constexpr size_t kHeaderSlot = 4096;
+constexpr size_t kHeaderSlot = 16384;
 constexpr size_t kHeadersPerChunk = 256;
 static_assert(sizeof(WorkspaceHeader) <= kHeaderSlot, "header too large for its slot");
 

@@ -42,8 +42,9 @@ namespace jaxll {
 
 // 2: WorkspaceHeader gained the row-norm exchange; 3: get_rank_view_of;
 // 4: the FFI attribute that carries the workspace id is `workspace` (was
-// `comm`), register_loader; 5: kExtensionHasError fills the view too
-constexpr uint32_t kExtensionApiVersion = 5;
+// `comm`), register_loader; 5: kExtensionHasError fills the view too; 6: the
+// WorkspaceHeader's row-norm partials are exact sums (kNormPartialWords packets)
+constexpr uint32_t kExtensionApiVersion = 6;
 
 // What get_rank_view returns.
 enum ExtensionStatus : int {

@@ -56,6 +56,8 @@ constexpr int kPhases = 2;
 // A block rewrites the LL16 slots it sends to once per this many epochs
 // (see ll_packet.cuh), so no 32-bit flag ever ages into aliasing.
 constexpr uint64_t kLLRefreshEpochs = 1ull << 30;
+// 32-bit words of a fused call's partial sum of squares (kernels/square_sum.cuh).
+constexpr int kNormPartialWords = 7;
 
 
 struct WorkspaceHeader {
@@ -74,14 +76,15 @@ struct WorkspaceHeader {
   // signature slot a call uses (round.cuh, "Call signatures").
   uint32_t calls[kMaxBlocks];
   // Each block's partial sum of squares for the row it holds, by row-wave
-  // parity: LL16 packets (payload: the float bits and the tag's high half;
-  // flag: the tag's low half), read by the other blocks of the same row.
-  alignas(16) uint64_t norm_partials[kMaxBlocks][2][2];
+  // parity: kNormPartialWords LL16 packets (payload: one 32-bit word of the
+  // exact sum and the tag's high half; flag: the tag's low half), read by the
+  // other blocks of the same row.
+  alignas(16) uint64_t norm_partials[kMaxBlocks][2][kNormPartialWords][2];
   // Base address (as seen from this rank's device) of every rank's workspace.
   void* peer_bases[kMaxRanks];
 };
 
-constexpr size_t kHeaderBytes = 4096;
+constexpr size_t kHeaderBytes = 16384;
 static_assert(sizeof(WorkspaceHeader) <= kHeaderBytes, "header too large");
 static_assert(offsetof(WorkspaceHeader, norm_partials) % 16 == 0,
               "LL16 packets need 16-byte alignment");
