@@ -39,3 +39,29 @@ def describe(workers, title: str) -> str:
     line += (f"\n  jitted chain of 50, us per call at 4 KiB (per process, sorted): {lat}; "
              f"paths {r['latency_path']}")
   return line
+
+
+# --- The determinism contract: inputs both the processes and the test build ---------
+
+DETERMINISM_SCRIPT = os.path.join(HERE, "mp_scripts", "determinism_check.py")
+# all-reduce message lengths (float32 elements per rank): one call, one round
+# of the default scratch, several rounds, past the auto crossover to XLA
+DETERMINISM_COUNTS = (1024, 65536, 300 * 1024)
+# fused calls: (hidden, dtype), rows of 8-byte multiples that are not 16-byte
+# multiples included; and the token counts
+DETERMINISM_ROWS = ((4096, "bfloat16"), (1028, "bfloat16"), (2048, "float32"))
+DETERMINISM_TOKENS = (1, 8, 64, 256)
+
+
+def determinism_inputs(shape, dtype, seed: int):
+  """Values of every magnitude from 2^-20 to 2^20 (2^-10 to 2^10 for float16)
+  so that sums round, a few exact zeros and negative zeros, as `dtype` (a
+  numpy dtype's name, or "bfloat16")."""
+  import ml_dtypes
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  top = 10 if dtype == "float16" else 20
+  v = rng.standard_normal(shape) * np.exp2(rng.integers(-top, top + 1, shape))
+  v[rng.random(shape) < 0.01] = 0.0
+  v[rng.random(shape) < 0.01] = -0.0
+  return v.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype))

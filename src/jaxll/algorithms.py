@@ -9,8 +9,13 @@ import dataclasses
 
 import numpy as np
 
+from jaxll import settings
+
 AUTO = "auto"
 XLA = "xla"
+# What a call that asked for "auto" requests in deterministic mode (see
+# deterministic_request): auto's choice among jaxll's kernels at every size.
+DETERMINISTIC = "deterministic"
 ONESHOT_LL = "oneshot_ll"
 ONESHOT_SENTINEL = "oneshot_sentinel"
 TWOSHOT_LL = "twoshot_ll"
@@ -124,6 +129,33 @@ SPECS: dict[str, AlgorithmSpec] = {s.name: s for s in [
 ALGORITHMS: tuple[str, ...] = (AUTO,) + tuple(SPECS)
 #: The jaxll kernels (everything but XLA).
 KERNELS: tuple[str, ...] = tuple(n for n, s in SPECS.items() if s.code)
+
+
+def deterministic_request(who: str, algorithm: str, deterministic: bool | None) -> str:
+  """The algorithm a call of `who` requests, given its ``deterministic=``
+  (None: ``JAXLL_DETERMINISTIC``): ``algorithm`` itself outside deterministic
+  mode; in it, DETERMINISTIC for ``"auto"``, a named reproducible kernel as
+  named, and ValueError for XLA's path and the atomic kernel, whose sums do
+  not keep the contract (docs/determinism.md), and under JAXLL_DISABLE, which
+  sends every call to XLA."""
+  if deterministic is None:
+    deterministic = settings.deterministic()
+  elif not isinstance(deterministic, (bool, np.bool_)):
+    raise TypeError(f"{who}: deterministic must be True, False or None, got {deterministic!r}")
+  if not deterministic:
+    return algorithm
+  if settings.disabled():
+    raise ValueError(f"{who}: deterministic mode (deterministic=True or JAXLL_DETERMINISTIC=1) "
+                     f"needs jaxll's kernels, and JAXLL_DISABLE is set")
+  if algorithm == AUTO:
+    return DETERMINISTIC
+  spec = SPECS.get(algorithm)
+  if algorithm == XLA or (spec is not None and not spec.reproducible):
+    why = ("XLA's collectives reduce in their own order" if algorithm == XLA else
+           "its sums vary from run to run")
+    raise ValueError(f"{who}: algorithm={algorithm!r} cannot keep deterministic mode "
+                     f"(deterministic=True or JAXLL_DETERMINISTIC=1): {why}")
+  return algorithm
 
 
 def kernel_limits(name: str, dtype: np.dtype, op: str) -> str | None:

@@ -30,7 +30,8 @@ _REFERENCE = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}
 OPS = ("sum", "max", "min", "mean")
 
 
-def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto"):
+def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
+               deterministic: bool | None = None):
   """All-reduces ``x`` over the mesh axis (or axes) ``axis_name``.
 
   Use it inside ``jax.shard_map`` where you would use ``jax.lax.psum``
@@ -49,6 +50,13 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto"):
       ``jaxll.ALGORITHMS``, e.g. ``"oneshot_ll"`` or ``"twoshot_sentinel"``)
       forces that kernel and raises
       :class:`AlgorithmUnavailableError` at lowering if it cannot serve the call.
+    deterministic: ``True`` holds the call to jaxll's determinism contract
+      (docs/determinism.md): its result is bitwise the same whatever the
+      kernel, the message size or the process layout. ``"auto"`` then takes a
+      kernel at every size (no crossover to XLA); where no kernel can serve the
+      call, lowering raises :class:`AlgorithmUnavailableError` (``"xla"`` and
+      ``"twoshot_ll128_atomic"`` raise ValueError at once). ``None`` (default):
+      ``JAXLL_DETERMINISTIC``, read when tracing.
 
   Where no kernel can serve a call (CPU or other backends, a group spanning
   hosts, a cross-process setup that failed, peers without peer access, an
@@ -61,6 +69,7 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto"):
   if algorithm not in algorithms.ALGORITHMS:
     raise ValueError(f"jaxll.all_reduce: algorithm must be one of "
                      f"{list(algorithms.ALGORITHMS)}, got {algorithm!r}")
+  algorithm = algorithms.deterministic_request("jaxll.all_reduce", algorithm, deterministic)
   axes = internals.skip_one_sized_axes(_normalize_axes(axis_name))
   if not axes:
     # psum(x, ()) is x; pmean(x, ()) is x / 1 (float for integers)
@@ -253,11 +262,13 @@ def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
   """Chooses the path of one call site; raises AlgorithmUnavailableError when a
   forced kernel cannot serve it."""
   nbytes = int(aval.size) * np.dtype(aval.dtype).itemsize
+  deterministic = requested == algorithms.DETERMINISTIC
 
   def xla(reason: str, group_size: int = 0) -> Decision:
     if requested not in (algorithms.AUTO, algorithms.XLA):
+      asked = "deterministic=True" if deterministic else f"algorithm={requested!r}"
       raise placement.AlgorithmUnavailableError(
-          f"jaxll.all_reduce(algorithm={requested!r}) cannot serve the call at "
+          f"jaxll.all_reduce({asked}) cannot serve the call at "
           f"{sites.site_of(ctx)} ({aval.str_short()} over {axes}): {reason}")
     return Decision(algorithms.XLA, reason, 0, group_size)
 
@@ -265,9 +276,12 @@ def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
   n = len(groups[0]) if groups else 0
   if requested == algorithms.XLA:
     return Decision(algorithms.XLA, "algorithm='xla' requested", 0, n)
+  if deterministic and n == 1:
+    return Decision(algorithms.XLA, "deterministic: group of one device: the result is the "
+                    "input, on every path", 0, n)
   reason = placement.disabled_reason(ctx, requested, "all-reduce")
   if reason:
-    return Decision(algorithms.XLA, reason, 0, n)
+    return xla(reason, n) if deterministic else Decision(algorithms.XLA, reason, 0, n)
   platforms = placement.platforms(ctx)
   if platforms != ("cuda",):
     return xla(f"lowering for {'/'.join(platforms)}; jaxll kernels run on CUDA GPUs", n)
@@ -279,10 +293,10 @@ def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
   if mesh is None:
     return xla(placement.no_mesh_reason(ctx))
 
-  if requested == algorithms.AUTO:
-    name, reason = choice.choose_auto(n, nbytes, aval.dtype, op)
+  if requested in (algorithms.AUTO, algorithms.DETERMINISTIC):
+    name, reason = choice.choose_auto(n, nbytes, aval.dtype, op, deterministic)
     if name == algorithms.XLA:
-      return Decision(algorithms.XLA, reason, 0, n)
+      return xla(reason, n) if deterministic else Decision(algorithms.XLA, reason, 0, n)
   else:
     name, reason = requested, f"algorithm={requested!r} requested"
     problem = algorithms.kernel_limits(name, aval.dtype, op)

@@ -142,12 +142,17 @@ def ranked_kernels(group_size: int, nbytes: int, dtype: np.dtype) -> list[str]:
   return list(rows[-1][1]) if rows else [algorithms.ONESHOT_LL]
 
 
-def choose_auto(group_size: int, nbytes: int, dtype: np.dtype, op: str) -> tuple[str, str]:
-  """(algorithm, reason) of ``jaxll.all_reduce(algorithm="auto")``."""
+def choose_auto(group_size: int, nbytes: int, dtype: np.dtype, op: str,
+                deterministic: bool = False) -> tuple[str, str]:
+  """(algorithm, reason) of ``jaxll.all_reduce(algorithm="auto")``; with
+  `deterministic`, of its deterministic mode: the table's fastest kernel at
+  every size (no crossover to XLA), XLA only for a group of one device (where
+  the result is the input on every path)."""
   if group_size == 1:
-    return algorithms.XLA, "group of one device: XLA elides the all-reduce"
+    return algorithms.XLA, ("group of one device: the result is the input, on every path"
+                            if deterministic else "group of one device: XLA elides the all-reduce")
   limit = auto_max_bytes(group_size)
-  if nbytes > limit:
+  if nbytes > limit and not deterministic:
     return algorithms.XLA, f"{nbytes} bytes > auto crossover {limit} bytes"
   problems = []
   for name in ranked_kernels(group_size, nbytes, dtype):
@@ -155,6 +160,10 @@ def choose_auto(group_size: int, nbytes: int, dtype: np.dtype, op: str) -> tuple
       continue
     problem = algorithms.kernel_limits(name, dtype, op)
     if problem is None:
+      if deterministic:
+        beyond = f", above auto's crossover {limit} bytes to XLA" if nbytes > limit else ""
+        return name, (f"deterministic: the auto table's fastest kernel for N={group_size}, "
+                      f"{np.dtype(dtype).name}, {nbytes} bytes{beyond} that supports op={op!r}")
       return name, (f"auto table: fastest kernel for N={group_size}, {np.dtype(dtype).name}, "
                     f"{nbytes} bytes that supports op={op!r}")
     problems.append(problem)
@@ -173,18 +182,20 @@ def sentinel_from(op: str, itemsize: int, group_size: int) -> tuple[int, int | N
   return measured, row[str(measured)]
 
 
-def gather_scatter_auto(op: str, group_size: int, nbytes: int, dtype) -> tuple[str, str]:
+def gather_scatter_auto(op: str, group_size: int, nbytes: int, dtype,
+                        deterministic: bool = False) -> tuple[str, str]:
   """(algorithm, reason) of ``algorithm="auto"`` for an all-gather or a
   reduce-scatter (`op`) of an operand of `nbytes` per rank that a kernel can
   serve: XLA's collective where a rank would read more than the all-reduce's
   crossover (the gathered result, or the input it sums), else the faster of the
   LL16 and sentinel kernels as measured (LL16 for int32, which has no sentinel
-  kernel)."""
+  kernel). With `deterministic`, a reduce-scatter takes a kernel at every size
+  (an all-gather moves bits: every path gives the same, so it chooses as auto)."""
   if group_size == 1:
     return algorithms.XLA, "auto: group of one device (a copy)"
   moved = nbytes * (group_size if op == "all_gather" else 1)
   limit = auto_max_bytes(group_size)
-  if moved > limit:
+  if moved > limit and not (deterministic and op != "all_gather"):
     return algorithms.XLA, f"auto: {moved} bytes per rank > auto crossover {limit} bytes"
   dtype = np.dtype(dtype)
   piece = nbytes // (1 if op == "all_gather" else group_size)

@@ -64,15 +64,21 @@ _SENTINEL_DTYPES = frozenset(["float32", "bfloat16", "float16"])
 GATHER_TO = ("varying", "invarying", "reduced")
 
 
-def _map_leaves(name: str, x, axis_name, algorithm: str, bind_leaf, skip_one_sized=False):
+def _requested(name: str, algorithm: str, deterministic: bool | None) -> str:
+  """The algorithm a call of jaxll.`name` requests (checked; in deterministic
+  mode, see algorithms.deterministic_request)."""
+  if algorithm not in ALGORITHMS:
+    raise ValueError(f"jaxll.{name}: algorithm must be one of {list(ALGORITHMS)}, "
+                     f"got {algorithm!r}")
+  return algorithms.deterministic_request(f"jaxll.{name}", algorithm, deterministic)
+
+
+def _map_leaves(name: str, x, axis_name, bind_leaf, skip_one_sized=False):
   """Checks the call and applies ``bind_leaf(v, axes, size, constant=...)`` to
   every leaf of ``x``: traced leaves (``constant=False``; bind_leaf inserts the
   pvary jax.lax's collective would), constants (``constant=True``: jax.lax
   computes those without communication). An empty axis tuple (after dropping
   the axes JAX drops, with ``skip_one_sized``) returns ``x``."""
-  if algorithm not in ALGORITHMS:
-    raise ValueError(f"jaxll.{name}: algorithm must be one of {list(ALGORITHMS)}, "
-                     f"got {algorithm!r}")
   axes = _normalize_axes(axis_name, f"jaxll.{name}")
   if skip_one_sized:
     axes = internals.skip_one_sized_axes(axes)
@@ -103,7 +109,7 @@ def _as_array(name: str, x):
 
 
 def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False, to: str = "varying",
-               algorithm: str = "auto"):
+               algorithm: str = "auto", deterministic: bool | None = None):
   """Gathers ``x`` from every device of the mesh axis (or axes) ``axis_name``.
 
   Use it inside ``jax.shard_map`` where you would use ``jax.lax.all_gather``:
@@ -129,7 +135,12 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False, to: str = "v
       or sentinel kernel (as measured faster) where one serves and the
       gathered result is at most the auto crossover, else XLA's all-gather
       (module docstring); ``"xla"``: XLA's.
+    deterministic: as for :func:`jaxll.all_reduce`. A gather's result is
+      the same bits on every path, so the choice is auto's; what it changes
+      is the reduce-scatter its gradient takes, and ``"xla"`` raises
+      ValueError. ``None``: ``JAXLL_DETERMINISTIC``.
   """
+  algorithm = _requested("all_gather", algorithm, deterministic)
   if to not in GATHER_TO:
     raise ValueError(f"jaxll.all_gather: to must be one of {list(GATHER_TO)}, got {to!r}")
 
@@ -145,11 +156,11 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False, to: str = "v
     return all_gather_p.bind(v, all_gather_dimension=dim, axis_name=axes, axis_size=size,
                              tiled=bool(tiled), to=to, algorithm=algorithm)
 
-  return _map_leaves("all_gather", x, axis_name, algorithm, bind)
+  return _map_leaves("all_gather", x, axis_name, bind)
 
 
 def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = False,
-                 algorithm: str = "auto"):
+                 algorithm: str = "auto", deterministic: bool | None = None):
   """Sums ``x`` over the mesh axis (or axes) ``axis_name`` and keeps this
   device's piece of the sum along ``scatter_dimension``.
 
@@ -172,7 +183,12 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Fals
       where it cannot serve); ``"auto"``: the LL16 or sentinel kernel (as
       measured faster) where one serves and ``x`` is at most the auto
       crossover, else XLA's reduce-scatter (module docstring); ``"xla"``: XLA's.
+    deterministic: as for :func:`jaxll.all_reduce`: ``"auto"`` takes a
+      kernel at every size, and lowering raises AlgorithmUnavailableError
+      where none serves. ``None``: ``JAXLL_DETERMINISTIC``.
   """
+  algorithm = _requested("psum_scatter", algorithm, deterministic)
+
   def bind(v, axes, size, constant):
     if constant:
       return lax.psum_scatter(v, axes, scatter_dimension=scatter_dimension, tiled=tiled)
@@ -185,7 +201,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Fals
     return psum_scatter_p.bind(v, scatter_dimension=dim, axis_name=axes, axis_size=size,
                                tiled=bool(tiled), unreduced=unreduced, algorithm=algorithm)
 
-  return _map_leaves("psum_scatter", x, axis_name, algorithm, bind, skip_one_sized=True)
+  return _map_leaves("psum_scatter", x, axis_name, bind, skip_one_sized=True)
 
 
 def _canonical_axis(name: str, axis, ndim: int) -> int:
@@ -343,7 +359,8 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, s
   XLA's collective."""
   if algorithm == "xla":
     return 0, "xla", "algorithm='xla' requested"
-  if algorithm != "auto":  # (auto: workspace_for below says why, as before)
+  if algorithm != "auto" and algorithm != algorithms.DETERMINISTIC:
+    # (auto: workspace_for below says why, as before)
     reason = placement.disabled_reason(ctx, algorithm, op)
     if reason:
       return 0, "xla", reason
@@ -357,19 +374,36 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, s
                f" 0 only, not {dim}")
   elif aval.size == 0:
     problem = "empty array"
-  if algorithm == "auto":
+  if algorithm in ("auto", algorithms.DETERMINISTIC):
+    # Deterministic mode: a reduce-scatter that no kernel serves raises (but
+    # for a group of one device and an empty array: nothing is summed); an
+    # all-gather moves the same bits on every path and chooses as auto.
+    deterministic = algorithm == algorithms.DETERMINISTIC
+    strict = deterministic and op != "all_gather"
+    mode = ("deterministic: an all-gather moves bits, alike on every path; "
+            if deterministic and not strict else "deterministic: " if deterministic else "")
+    n = placement.unserved(ctx, axes)[0]
+
+    def xla(why: str):
+      if strict and n != 1 and aval.size:
+        raise AlgorithmUnavailableError(
+            f"jaxll.{op}(deterministic=True) cannot serve the call at {sites.site_of(ctx)} "
+            f"({aval.str_short()} over {axes}): {why}")
+      return 0, "xla", mode + why
+
     if problem:
-      return 0, "xla", f"auto: {problem}"
+      return xla(f"auto: {problem}")
     # (the size before the workspace: a call that goes to XLA builds none)
     n, problem = placement.unserved(ctx, axes)
     if problem:
-      return 0, "xla", f"auto: {problem}"
+      return xla(f"auto: {problem}")
     kernel, reason = choice.gather_scatter_auto(op, n, int(aval.size) *
-                                                np.dtype(aval.dtype).itemsize, aval.dtype)
+                                                np.dtype(aval.dtype).itemsize, aval.dtype,
+                                                deterministic=strict)
     if kernel == "xla":
-      return 0, "xla", reason
+      return xla(reason)
     ws, _, problem = placement.workspace_for(ctx, axes)
-    return (0, "xla", f"auto: {problem}") if problem else (ws, kernel, reason)
+    return xla(f"auto: {problem}") if problem else (ws, kernel, mode + reason)
   if not problem:
     ws, _, problem = placement.workspace_for(ctx, axes)
   if problem:

@@ -66,7 +66,7 @@ def disabled_reason(ctx, requested: str, collective: str) -> str:
   if not settings.disabled():
     return ""
   reason = "JAXLL_DISABLE is set"
-  if requested not in (algorithms.AUTO, algorithms.XLA):
+  if requested not in (algorithms.AUTO, algorithms.XLA, algorithms.DETERMINISTIC):
     reason += f" (algorithm={requested!r} ignored)"
     call_sites.logger.warning("jaxll: %s at %s: XLA's %s serves it", reason, sites.site_of(ctx),
                               collective)

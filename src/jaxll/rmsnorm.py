@@ -51,7 +51,7 @@ _FLOATS = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
 
 
 def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
-                       algorithm: str = "auto"):
+                       algorithm: str = "auto", deterministic: bool | None = None):
   """``(normed, new_residual)`` with ``new_residual = all_reduce(x) + residual``
   and ``normed = rmsnorm(new_residual) * weight`` over the last axis.
 
@@ -94,6 +94,16 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
       kernel's cut (and so its exchange, and auto's choice) depends on the
       device (its SMs, cluster support), asked at lowering; ranks that cut a
       call differently report a signature mismatch.
+    deterministic: ``True`` holds the call to jaxll's determinism contract
+      (docs/determinism.md): the fused kernel serves it at every size (never
+      the composition, whose norm is XLA's), with ``"auto"`` or ``"fused"``
+      its exchange chosen as ``"fused"`` chooses it; a row's results are then
+      bitwise the same whatever the token count, the exchange, the cut or the
+      process layout. A call the fused kernel cannot serve raises
+      (ValueError when tracing: a jaxll.all_reduce algorithm, an ``x`` typed
+      unreduced, no axis; at lowering: no workspace, a hidden size whose
+      bytes are not a multiple of 8). ``None`` (default):
+      ``JAXLL_DETERMINISTIC``, read when tracing.
 
   An ``x`` typed ``unreduced`` over ``axis_name`` (explicit sharding's
   partial sums) takes the composition, whose all-reduce sums it as psum does.
@@ -118,6 +128,49 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
                      f"kernel's names, then jaxll.all_reduce's for the composition), "
                      f"got {algorithm!r}")
   eps = _static_eps(eps)
+  if algorithms.deterministic_request(_WHO, "auto", deterministic) == algorithms.DETERMINISTIC:
+    return _deterministic(x, residual, weight, axis_name, eps, algorithm)
+  x, residual, weight = _checked(x, residual, weight)
+  nbytes = int(np.prod(x.shape)) * x.dtype.itemsize
+  if algorithm == "auto" and nbytes > choice.fused_auto_ceiling():
+    return _composed(x, residual, weight, axis_name, eps=eps, algorithm="auto")
+  if algorithm not in _FUSED_NAMES + ("auto",):
+    return _composed(x, residual, weight, axis_name, eps=eps, algorithm=algorithm)
+  axes = _normalize_axes(axis_name, _WHO)
+  if not axes:
+    return _composed(x, residual, weight, axis_name, eps=eps, algorithm="auto")
+  _check_axes_bound(axes, _WHO)
+  if isinstance(x, jax.core.Tracer) and internals.unreduced_over(x, axes, _WHO):
+    # partial sums typed unreduced (explicit sharding): the composition, whose
+    # all-reduce sums them as psum does
+    return _composed(x, residual, weight, axis_name, eps=eps,
+                     algorithm="auto" if algorithm in _FUSED_NAMES else algorithm)
+  return _fused(x, residual, weight.astype(x.dtype), axes, eps, algorithm, False,
+                sites.user_site())
+
+
+def _deterministic(x, residual, weight, axis_name, eps, algorithm):
+  """all_reduce_rmsnorm in deterministic mode: the fused kernel, or an error."""
+  def refuse(why: str):
+    raise ValueError(f"{_WHO}: deterministic mode (deterministic=True or "
+                     f"JAXLL_DETERMINISTIC=1) serves a call on the fused kernel only, and {why}")
+  if algorithm not in _FUSED_NAMES + ("auto",):
+    refuse(f"algorithm={algorithm!r} names the composition, whose norm is XLA's (its bits "
+           f"change with the shape); use 'auto', 'fused' or a fused exchange")
+  x, residual, weight = _checked(x, residual, weight)
+  axes = _normalize_axes(axis_name, _WHO)
+  if not axes:
+    refuse("no axis is reduced over")
+  _check_axes_bound(axes, _WHO)
+  if isinstance(x, jax.core.Tracer) and internals.unreduced_over(x, axes, _WHO):
+    refuse("an x typed unreduced takes the composition")
+  requested = FUSED if algorithm == "auto" else algorithm
+  return _fused(x, residual, weight.astype(x.dtype), axes, eps, requested, True,
+                sites.user_site())
+
+
+def _checked(x, residual, weight):
+  """The operands as arrays; TypeError or ValueError where they do not fit."""
   x = jnp.asarray(x)
   residual = jnp.asarray(residual)
   weight = jnp.asarray(weight)
@@ -135,21 +188,7 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
   if not (jnp.issubdtype(weight.dtype, jnp.floating) or jnp.issubdtype(weight.dtype, jnp.integer)):
     raise TypeError(f"jaxll.all_reduce_rmsnorm: weight must be real (a float or integer "
                     f"dtype, cast to {x.dtype}), got {weight.dtype}")
-  nbytes = int(np.prod(x.shape)) * x.dtype.itemsize
-  if algorithm == "auto" and nbytes > choice.fused_auto_ceiling():
-    return _composed(x, residual, weight, axis_name, eps=eps, algorithm="auto")
-  if algorithm not in _FUSED_NAMES + ("auto",):
-    return _composed(x, residual, weight, axis_name, eps=eps, algorithm=algorithm)
-  axes = _normalize_axes(axis_name, _WHO)
-  if not axes:
-    return _composed(x, residual, weight, axis_name, eps=eps, algorithm="auto")
-  _check_axes_bound(axes, _WHO)
-  if isinstance(x, jax.core.Tracer) and internals.unreduced_over(x, axes, _WHO):
-    # partial sums typed unreduced (explicit sharding): the composition, whose
-    # all-reduce sums them as psum does
-    return _composed(x, residual, weight, axis_name, eps=eps,
-                     algorithm="auto" if algorithm in _FUSED_NAMES else algorithm)
-  return _fused(x, residual, weight.astype(x.dtype), axes, eps, algorithm, sites.user_site())
+  return x, residual, weight
 
 
 def _static_eps(eps) -> float:
@@ -192,12 +231,14 @@ all_reduce_rmsnorm_p = internals.CollectivePrimitive("jaxll_all_reduce_rmsnorm")
 all_reduce_rmsnorm_p.multiple_results = True
 
 
-def _fused(x, residual, weight, axes, eps, requested, site):
+def _fused(x, residual, weight, axes, eps, requested, deterministic, site):
   x, residual, weight = _match_types(axes, x, residual, weight)
-  fn = jax.custom_jvp(lambda x, r, w: tuple(
-      all_reduce_rmsnorm_p.bind(x, r, w, axes=axes, eps=eps, requested=requested, site=site)))
+  fn = jax.custom_jvp(lambda x, r, w: tuple(all_reduce_rmsnorm_p.bind(
+      x, r, w, axes=axes, eps=eps, requested=requested, deterministic=deterministic, site=site)))
+  # (the derivative's all-reduce keeps the mode; its norm math is XLA's)
   fn.defjvp(lambda p, t: (fn(*p), jax.jvp(
-      lambda x, r, w: _composed(x, r, w, axes, eps=eps, algorithm="auto"), p, t)[1]))
+      lambda x, r, w: residual_rmsnorm(
+          all_reduce(x, axes, deterministic=deterministic), r, w, eps=eps), p, t)[1]))
   return fn(x, residual, weight)
 
 
@@ -230,10 +271,10 @@ def _match_types(axes, x, residual, weight):
           internals.pvary(weight, tuple((summed | vw) - vw)))
 
 
-def _abstract_eval(x, residual, weight, *, axes, eps, requested, site):
+def _abstract_eval(x, residual, weight, *, axes, eps, requested, deterministic, site):
   # (operands typed by _match_types: normed has weight's type at x's shape,
   # new_residual residual's)
-  del axes, eps, requested, site
+  del axes, eps, requested, deterministic, site
   normed = weight.update(shape=x.shape, sharding=residual.sharding, weak_type=False)
   return [normed, residual.update(weak_type=False)]
 
@@ -241,7 +282,7 @@ def _abstract_eval(x, residual, weight, *, axes, eps, requested, site):
 all_reduce_rmsnorm_p.def_abstract_eval(_abstract_eval)
 
 
-def _batch(axis_data, vals_in, dims_in, *, axes, eps, requested, site):
+def _batch(axis_data, vals_in, dims_in, *, axes, eps, requested, deterministic, site):
   """vmap: a batch dimension of x and residual is more rows for the same kernel
   (moved to the front, an unbatched operand broadcast); a batched weight, a
   reduction over the vmapped axis itself, or (for auto) rows beyond
@@ -249,7 +290,7 @@ def _batch(axis_data, vals_in, dims_in, *, axes, eps, requested, site):
   lowering decides as for any call)."""
   x, residual, weight = vals_in
   dx, dr, dw = dims_in
-  params = dict(axes=axes, eps=eps, requested=requested, site=site)
+  params = dict(axes=axes, eps=eps, requested=requested, deterministic=deterministic, site=site)
   if dx is None and dr is None and dw is None and axis_data.name not in axes:
     # (nothing batched: a vmapped function called it on values from outside
     # the vmap; the call runs once, its rows not multiplied by the batch)
@@ -257,6 +298,10 @@ def _batch(axis_data, vals_in, dims_in, *, axes, eps, requested, site):
   rows_bytes = int(np.prod(x.shape)) * x.dtype.itemsize * (axis_data.size if dx is None else 1)
   if requested == "auto" and rows_bytes > choice.fused_auto_ceiling():
     requested = COMPOSED  # (more rows than auto gives the kernel: the same primitive, composed)
+  if deterministic and (dw is not None or axis_data.name in axes):
+    raise ValueError(f"{_WHO}: deterministic mode serves a call on the fused kernel only, "
+                     f"and under jax.vmap a batched weight, or a reduction over the vmapped "
+                     f"axis, takes the composition")
   if dw is not None or axis_data.name in axes:
     # (the all-reduce of this composition is traced here, where JAX's traceback
     # lacks the caller's frames: jaxll.explain names its site "unknown")
@@ -277,7 +322,7 @@ batching.fancy_primitive_batchers[all_reduce_rmsnorm_p] = _batch
 
 
 def _composed_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
-  del requested
+  del requested  # (never deterministic: _choose_fused refuses those calls)
   with sites.call_site(site):  # (the all-reduce's site: the caller's line)
     return mlir.lower_fun(
         lambda a, r, w: list(_composed(a, r, w, axes, eps=eps, algorithm="auto")),
@@ -292,10 +337,19 @@ def _kernel_plan(ws: int, dtype: np.dtype, tokens: int, hidden: int, exchange: s
                                  algorithms.RMSNORM_PROTOCOL_CODES[exchange])
 
 
-def _choose_fused(ctx, aval, axes, requested) -> tuple[int, int, str, str | None, dict | None]:
+def _choose_fused(ctx, aval, axes, requested,
+                  deterministic=False) -> tuple[int, int, str, str | None, dict | None]:
   """(workspace id or 0, group size, reason, exchange, its plan) of one fused
   call site: a workspace and the exchange the kernel takes, or 0 and why the
-  composition serves it."""
+  composition serves it. In deterministic mode, a call the kernel cannot serve
+  raises AlgorithmUnavailableError instead."""
+  if deterministic:
+    ws, group_size, reason, exchange, plan = _choose_fused(ctx, aval, axes, requested)
+    if not ws:
+      raise placement.AlgorithmUnavailableError(
+          f"{_WHO}(deterministic=True) cannot serve the call at {sites.site_of(ctx)} "
+          f"({aval.str_short()} over {axes}) on the fused kernel: {reason}")
+    return ws, group_size, f"deterministic: {reason}", exchange, plan
   group_size = placement.group_size(ctx, axes)
   dtype = np.dtype(aval.dtype)
   nbytes = int(aval.size) * dtype.itemsize
@@ -350,9 +404,10 @@ def _choose_fused(ctx, aval, axes, requested) -> tuple[int, int, str, str | None
   return ws, group_size, reason, exchange, plan
 
 
-def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, site):
+def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, deterministic, site):
   aval = ctx.avals_in[0]
-  ws, group_size, reason, exchange, plan = _choose_fused(ctx, aval, axes, requested)
+  ws, group_size, reason, exchange, plan = _choose_fused(ctx, aval, axes, requested,
+                                                         deterministic)
   if ws:
     results = ordering.emit_ordered_call(
         ctx, "jaxll_all_reduce_rmsnorm", [x, residual, weight], workspace=ws,

@@ -91,7 +91,8 @@ for _op, _prim in internals.UNREDUCED_ALL_REDUCE.items():
   _RULES[_prim] = ("p" + _op, _all_reduce_rule(_op, True, True))
 
 
-def route(fun=None, *, algorithm: str = "auto", collectives=COLLECTIVES):
+def route(fun=None, *, algorithm: str = "auto", collectives=COLLECTIVES,
+          deterministic: bool | None = None):
   """Returns ``fun`` with its collectives over mesh axes lowered by jaxll.
 
   Use it around the whole step, gradients included, inside or outside
@@ -106,6 +107,8 @@ def route(fun=None, *, algorithm: str = "auto", collectives=COLLECTIVES):
       (the others take ``"auto"``).
     collectives: which to route, of ``"psum"`` (with pmean), ``"pmax"``,
       ``"pmin"``, ``"all_gather"`` and ``"psum_scatter"``.
+    deterministic: as for :func:`jaxll.all_reduce`, for every routed
+      collective (None: ``JAXLL_DETERMINISTIC``, read when tracing).
   """
   unknown = [c for c in collectives if c not in COLLECTIVES]
   if isinstance(collectives, str) or unknown:
@@ -115,7 +118,8 @@ def route(fun=None, *, algorithm: str = "auto", collectives=COLLECTIVES):
     raise ValueError(f"jaxll.route: unknown algorithm {algorithm!r}; expected one of "
                      f"{sorted(set(algorithms.ALGORITHMS) | set(gather_scatter.ALGORITHMS))}")
   if fun is None:
-    return functools.partial(route, algorithm=algorithm, collectives=tuple(collectives))
+    return functools.partial(route, algorithm=algorithm, collectives=tuple(collectives),
+                             deterministic=deterministic)
   chosen = frozenset(collectives)
 
   @functools.wraps(fun)
@@ -132,20 +136,24 @@ def route(fun=None, *, algorithm: str = "auto", collectives=COLLECTIVES):
 
     arrays = [leaves[i] for i in dynamic]
     closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*arrays)
-    jaxpr = _route_jaxpr(closed.jaxpr, algorithm, chosen)
+    requested = algorithms.deterministic_request("jaxll.route", algorithm, deterministic)
+    # (a kernel name goes to the collectives that have it, the others get auto,
+    # in deterministic mode its deterministic form)
+    fallback = algorithms.deterministic_request("jaxll.route", algorithms.AUTO, deterministic)
+    jaxpr = _route_jaxpr(closed.jaxpr, (requested, fallback), chosen)
     out = jax.core.eval_jaxpr(jaxpr, closed.consts, *arrays)
     return jax.tree.unflatten(jax.tree.structure(out_shape), out)
 
   return routed
 
 
-def route_psums(fun=None, *, algorithm: str = "auto"):
+def route_psums(fun=None, *, algorithm: str = "auto", deterministic: bool | None = None):
   """``jaxll.route`` for sums only (psum, pmean and the sums autodiff writes):
-  ``jaxll.route(fun, algorithm=algorithm, collectives=("psum",))``."""
+  ``jaxll.route(fun, algorithm=algorithm, collectives=("psum",), deterministic=deterministic)``."""
   if algorithm not in algorithms.ALGORITHMS:
     raise ValueError(f"jaxll.route_psums: unknown algorithm {algorithm!r}; "
                      f"expected one of {algorithms.ALGORITHMS}")
-  return route(fun, algorithm=algorithm, collectives=("psum",))
+  return route(fun, algorithm=algorithm, collectives=("psum",), deterministic=deterministic)
 
 
 def _is_array(v) -> bool:
@@ -153,12 +161,16 @@ def _is_array(v) -> bool:
                         jax.core.Tracer)) or hasattr(v, "__jax_array__")
 
 
-def _algorithm_for(prim, algorithm: str) -> str:
-  names = algorithms.ALGORITHMS if prim is all_reduce_p else gather_scatter.ALGORITHMS
-  return algorithm if algorithm in names else algorithms.AUTO
+def _algorithm_for(prim, request: tuple[str, str]) -> str:
+  """The algorithm a routed collective takes: the one requested where it has
+  it, else the fallback (auto, or in deterministic mode its deterministic form)."""
+  algorithm, fallback = request
+  names = (algorithms.DETERMINISTIC,) + (
+      algorithms.ALGORITHMS if prim is all_reduce_p else gather_scatter.ALGORITHMS)
+  return algorithm if algorithm in names else fallback
 
 
-def _route_eqn(eqn, algorithm: str, chosen) -> list:
+def _route_eqn(eqn, algorithm: tuple[str, str], chosen) -> list:
   entry = _RULES.get(eqn.primitive)
   if entry is None or entry[0] not in chosen:
     params = {k: _route_param(v, algorithm, chosen) for k, v in eqn.params.items()}
@@ -179,7 +191,7 @@ def _route_eqn(eqn, algorithm: str, chosen) -> list:
   return out
 
 
-def _route_param(value, algorithm: str, chosen):
+def _route_param(value, algorithm: tuple[str, str], chosen):
   if _CLOSED is not _OPEN and isinstance(value, _CLOSED):
     new = _route_jaxpr(value.jaxpr, algorithm, chosen)
     return value if new is value.jaxpr else _CLOSED(new, value.consts)
@@ -190,7 +202,7 @@ def _route_param(value, algorithm: str, chosen):
   return value
 
 
-def _route_jaxpr(jaxpr, algorithm: str, chosen):
+def _route_jaxpr(jaxpr, algorithm: tuple[str, str], chosen):
   eqns = [new for e in jaxpr.eqns for new in _route_eqn(e, algorithm, chosen)]
   if len(eqns) == len(jaxpr.eqns) and all(a is b for a, b in zip(eqns, jaxpr.eqns)):
     return jaxpr

@@ -69,6 +69,11 @@ def disabled() -> bool:
   return _flag("JAXLL_DISABLE")
 
 
+def deterministic() -> bool:
+  """JAXLL_DETERMINISTIC: every call is deterministic=True unless it says otherwise."""
+  return _flag("JAXLL_DETERMINISTIC")
+
+
 def log_paths() -> bool:
   """JAXLL_LOG_PATHS: each call site's decision is logged on the ``jaxll`` logger."""
   return _flag("JAXLL_LOG_PATHS")
@@ -149,6 +154,7 @@ def kernel_settings(shared_gpu: bool = False) -> KernelSettings:
 def validate() -> None:
   """Reads every setting once; raises ValueError for a bad one."""
   disabled()
+  deterministic()
   log_paths()
   skip_version_check()
   auto_max_bytes()
