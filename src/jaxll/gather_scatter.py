@@ -380,9 +380,10 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, s
     # all-gather moves the same bits on every path and chooses as auto.
     deterministic = algorithm == algorithms.DETERMINISTIC
     strict = deterministic and op != "all_gather"
-    mode = ("deterministic: an all-gather moves bits, alike on every path; "
-            if deterministic and not strict else "deterministic: " if deterministic else "")
-    n = placement.unserved(ctx, axes)[0]
+    mode = "" if not deterministic else "deterministic: " if strict else (
+        "deterministic: an all-gather moves bits, alike on every path; ")
+    # (the size before the workspace: a call that goes to XLA builds none)
+    n, unserved = placement.unserved(ctx, axes)
 
     def xla(why: str):
       if strict and n != 1 and aval.size:
@@ -391,12 +392,8 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, s
             f"({aval.str_short()} over {axes}): {why}")
       return 0, "xla", mode + why
 
-    if problem:
-      return xla(f"auto: {problem}")
-    # (the size before the workspace: a call that goes to XLA builds none)
-    n, problem = placement.unserved(ctx, axes)
-    if problem:
-      return xla(f"auto: {problem}")
+    if problem or unserved:
+      return xla(f"auto: {problem or unserved}")
     kernel, reason = choice.gather_scatter_auto(op, n, int(aval.size) *
                                                 np.dtype(aval.dtype).itemsize, aval.dtype,
                                                 deterministic=strict)
