@@ -53,9 +53,12 @@ def test_build_serves_the_installed_jaxlib():
 def test_xla_takes_and_runs_the_handlers():
   from jaxll.tools import testing
   tables = {**ext.handlers(), **testing._tools.handlers()}
-  for name, (capsule, _) in tables.items():
+  for name, (capsule, _, record) in tables.items():
     # a registration XLA refuses (an FFI API version it does not take) raises
     jax.ffi.register_ffi_target(f"probe_{name}", capsule, platform="cpu")
+    if record is not None:  # and so does a bundle with a record stage it does not take
+      jax.ffi.register_ffi_target(f"probe_record_{name}", {"execute": capsule, "record": record},
+                                  platform="cpu")
 
   with jax.default_device(jax.devices("cpu")[0]):  # (the probes are CPU targets)
     # jaxll_join reads no context, so it runs on the CPU: operands and result decode

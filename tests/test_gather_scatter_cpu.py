@@ -273,6 +273,8 @@ def test_auto_takes_the_measured_kernel_within_the_crossover(mesh1, monkeypatch,
   if want != "xla":
     from jaxll import algorithms
     assert f"algorithm = {algorithms.SPECS[want].code} : i64" in text, text[-3000:]
+    # (the attribute XLA's record stage reads: the kernel node may start early)
+    assert "uses_pdl = true" in text, text[-3000:]
 
 
 def test_auto_kernel_choice_follows_the_measured_crossovers():

@@ -226,6 +226,8 @@ def test_auto_lowers_to_the_kernel_up_to_the_measured_size(mesh, monkeypatch, hi
   text = cuda_text(mesh, monkeypatch, hidden=hidden, body=body, sentinel_serves=False)
   assert ("jaxll_all_reduce_rmsnorm" in text) == fused
   assert text.count("@jaxll_all_reduce(") == (1 if fused else 2)
+  # every kernel call carries the attribute XLA's record stage reads
+  assert text.count("uses_pdl = true") == 2, text[-3000:]
   if fused:
     site = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"][-1]
     assert (site.requested, site.algorithm) == ("auto", "fused_oneshot_ll")

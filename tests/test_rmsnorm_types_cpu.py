@@ -209,7 +209,7 @@ def _declared_attributes(paths):
     text = open(path).read()
     macros = {m.group(1): m.group(2) for m in re.finditer(
         r"#define (\w+)\s*\\\n((?:.*\\\n)*.*)", text)}
-    types = {"int64_t": "i64", "int32_t": "i32", "float": "f32",
+    types = {"int64_t": "i64", "int32_t": "i32", "float": "f32", "bool": "i1",
              "ffi::Span<const int64_t>": "i64[]"}
     handlers = {}
     for m in re.finditer(r"XLA_FFI_DEFINE_HANDLER\((\w+),\s*\w+,(.*?)\);", text, re.S):
@@ -233,7 +233,8 @@ def _lowered_attributes(text):
     attrs = {}
     for name, value in re.findall(r"(\w+) = ([^,]+(?:\[[^\]]*\])?)", m.group(2)):
       kind = value.strip().split(":")[-1].strip()
-      attrs[name] = "i64[]" if re.fullmatch(r"tensor<\d+xi64>|array<i64.*", kind) else kind
+      attrs[name] = ("i64[]" if re.fullmatch(r"tensor<\d+xi64>|array<i64.*", kind) else
+                     "i1" if kind in ("true", "false") else kind)
     assert out.setdefault(m.group(1), attrs) == attrs, (m.group(1), attrs)
   return out
 

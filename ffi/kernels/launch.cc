@@ -1,5 +1,6 @@
 #include "kernels/launch.h"
 
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -9,8 +10,32 @@ bool launches_early(const RankView& view, int64_t blocks) {
   return view.pdl && 2 * blocks <= view.max_blocks;
 }
 
-Status launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, void* args,
-                         cudaStream_t stream, int cluster, int ranks) {
+namespace {
+thread_local LaunchCapture* t_capture = nullptr;
+}  // namespace
+
+LaunchCapture::LaunchCapture() : outer_(t_capture) { t_capture = this; }
+
+LaunchCapture::~LaunchCapture() { t_capture = outer_; }
+
+Status launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, const void* args,
+                         size_t args_bytes, cudaStream_t stream, int cluster, int ranks) {
+  if (LaunchCapture* c = t_capture) {
+    if (c->count_ > 0 || ranks != 1 || args_bytes > CapturedLaunch::kMaxArgsBytes ||
+        (cluster > 1 && blocks % cluster != 0)) {
+      return Status::NoPlan();
+    }
+    CapturedLaunch& l = c->launch_;
+    l.fn = fn;
+    l.blocks = blocks;
+    l.threads = threads;
+    l.cluster = cluster;
+    l.pdl = pdl;
+    l.args_bytes = args_bytes;
+    std::memcpy(l.args, args, args_bytes);
+    c->count_ = 1;
+    return Status::Ok();
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(ranks));
   config.blockDim = dim3(threads);
@@ -32,7 +57,7 @@ Status launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, 
   }
   config.attrs = count ? attribute : nullptr;
   config.numAttrs = count;
-  void* params[] = {args};
+  void* params[] = {const_cast<void*>(args)};
   return Status::Cuda(cudaLaunchKernelExC(&config, fn, params));
 }
 

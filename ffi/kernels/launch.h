@@ -18,13 +18,52 @@ namespace jaxll {
 // resident beside the one ahead of it on the stream).
 bool launches_early(const RankView& view, int64_t blocks);
 
-// Launches collective kernel `fn` with its one argument struct `args`, as a
-// programmatic dependent launch when `pdl`, in thread-block clusters of
-// `cluster` consecutive blocks when `cluster` > 1 (it must divide `blocks`);
-// a grid of `blocks` x `ranks` (ranks > 1: every rank of a virtual group in one
-// launch, ffi/testing).
-Status launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, void* args,
-                         cudaStream_t stream, int cluster = 1, int ranks = 1);
+// Launches collective kernel `fn` with its one argument struct `args` of
+// `args_bytes` bytes, as a programmatic dependent launch when `pdl`, in
+// thread-block clusters of `cluster` consecutive blocks when `cluster` > 1 (it
+// must divide `blocks`); a grid of `blocks` x `ranks` (ranks > 1: every rank of
+// a virtual group in one launch, ffi/testing). Inside a LaunchCapture's scope
+// the launch is described to it instead.
+Status launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, const void* args,
+                         size_t args_bytes, cudaStream_t stream, int cluster = 1, int ranks = 1);
+
+template <class Args>
+Status launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, const Args* args,
+                         cudaStream_t stream, int cluster = 1, int ranks = 1) {
+  return launch_collective(fn, blocks, threads, pdl, args, sizeof(Args), stream, cluster, ranks);
+}
+
+// One launch as launch_collective would make it.
+struct CapturedLaunch {
+  static constexpr size_t kMaxArgsBytes = 4096;  // (CUDA's classic parameter limit)
+  const void* fn = nullptr;
+  int64_t blocks = 0;
+  int threads = 0, cluster = 1;
+  bool pdl = false;
+  size_t args_bytes = 0;
+  alignas(16) unsigned char args[kMaxArgsBytes];
+};
+
+// While one lives, launch_collective on this thread launches nothing: it
+// describes the call's one launch here (XLA's record stage then adds it to a
+// command buffer as a kernel node: runtime/record_stage.h). A second launch, a
+// virtual group's launch or arguments over kMaxArgsBytes are refused (NoPlan).
+class LaunchCapture {
+ public:
+  LaunchCapture();
+  ~LaunchCapture();
+  LaunchCapture(const LaunchCapture&) = delete;
+  LaunchCapture& operator=(const LaunchCapture&) = delete;
+  // The launch described (nullptr: none was made).
+  const CapturedLaunch* launch() const { return count_ ? &launch_ : nullptr; }
+
+ private:
+  friend Status launch_collective(const void*, int64_t, int, bool, const void*, size_t,
+                                  cudaStream_t, int, int);
+  CapturedLaunch launch_;
+  int count_ = 0;
+  LaunchCapture* outer_;
+};
 
 // How many clusters of `cluster` blocks of `threads` threads of kernel `fn` a
 // rank on `view`'s workspace may keep resident at once: the device's capacity

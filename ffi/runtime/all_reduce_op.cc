@@ -9,6 +9,7 @@
 #include "runtime/bindings.h"
 #include "runtime/ffi_support.h"
 #include "runtime/rank_lookup.h"
+#include "runtime/record_stage.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -32,11 +33,13 @@ ffi::Error check_codes(int64_t algorithm, int64_t op) {
 // Command-buffer compatible: every per-call value lives on the device. `order`
 // in and out: 4 bytes that chain the calls of one block so XLA keeps them in
 // program order and never runs two at once (jaxll/ordering.py); never read or
-// written here.
+// written here. `uses_pdl`: the call may start while the kernel ahead of it
+// finishes, where its workspace allows (XLA reads the same attribute when it
+// records the call: runtime/record_stage.h).
 ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
                             ffi::AnyBuffer /*order*/, ffi::Result<ffi::AnyBuffer> y,
                             ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t workspace_id,
-                            int64_t algorithm, int64_t op) {
+                            int64_t algorithm, int64_t op, bool uses_pdl) {
   const WorkspaceRef hold(workspace_id);
   Workspace* c = nullptr;
   Rank* r = nullptr;
@@ -51,28 +54,50 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer
   if (count == 0) return ffi::Error::Success();
   if (ffi::Error e = use_device(ordinal); e.failure()) return e;
   const Status s = launch_all_reduce(static_cast<Algorithm>(algorithm), dtype,
-                                     static_cast<ReduceOp>(op), r->view, x.untyped_data(),
-                                     y->untyped_data(), count, stream);
+                                     static_cast<ReduceOp>(op), call_view(*r, uses_pdl),
+                                     x.untyped_data(), y->untyped_data(), count, stream);
   return status_error(s, "an all-reduce of " + std::to_string(count) + " elements", workspace_id);
 }
+
+// The operands, results and attributes of the call (both stages bind them).
+#define JAXLL_ALL_REDUCE_OPERANDS \
+  .Arg<ffi::AnyBuffer>()          \
+  .Arg<ffi::AnyBuffer>()          \
+  .Ret<ffi::AnyBuffer>()          \
+  .Ret<ffi::AnyBuffer>()          \
+  .Attr<int64_t>("workspace")     \
+  .Attr<int64_t>("algorithm")     \
+  .Attr<int64_t>("op")            \
+  .Attr<bool>("uses_pdl")
 
 XLA_FFI_DEFINE_HANDLER(kAllReduceHandler, AllReduceExecute,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .Ctx<ffi::DeviceOrdinal>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Attr<int64_t>("workspace")
-                           .Attr<int64_t>("algorithm")
-                           .Attr<int64_t>("op"),
+                           .Ctx<ffi::DeviceOrdinal>() JAXLL_ALL_REDUCE_OPERANDS,
                        {ffi::Traits::kCmdBufferCompatible});
+
+#if JAXLL_RECORD_STAGE
+ffi::Error AllReduceRecord(RecordContext ctx, int32_t ordinal, ffi::AnyBuffer x,
+                           ffi::AnyBuffer order, ffi::Result<ffi::AnyBuffer> y,
+                           ffi::Result<ffi::AnyBuffer> order_out, int64_t workspace_id,
+                           int64_t algorithm, int64_t op, bool uses_pdl) {
+  return record_call(ctx, [&](cudaStream_t stream) {
+    return AllReduceExecute(stream, ordinal, x, order, y, order_out, workspace_id, algorithm, op,
+                            uses_pdl);
+  });
+}
+
+XLA_FFI_DEFINE_HANDLER(kAllReduceRecord, AllReduceRecord,
+                       ffi::Ffi::BindRecord()
+                           .Ctx<RecordCtx>()
+                           .Ctx<ffi::DeviceOrdinal>() JAXLL_ALL_REDUCE_OPERANDS);
+#endif
 
 }  // namespace
 
 void bind_all_reduce(nb::module_& m, HandlerTable& handlers) {
-  handlers.add("jaxll_all_reduce", kAllReduceHandler, true);
+  handlers.add("jaxll_all_reduce", kAllReduceHandler, true,
+               JAXLL_RECORD_HANDLER(kAllReduceRecord));
   m.def("plan_all_reduce", [](int algorithm, int64_t count, int elem_bytes, int nranks,
                               size_t region_bytes, int max_blocks) {
     const ScratchGeometry geo = make_geometry(nranks, max_blocks, region_bytes);

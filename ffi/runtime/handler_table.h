@@ -11,19 +11,23 @@
 
 namespace jaxll {
 
-// XLA FFI handlers by target name, and whether XLA may capture each into a
-// command buffer (jaxll/native.py registers them from this table).
+// XLA FFI handlers by target name, whether XLA may capture each into a
+// command buffer, and its record stage where it has one (runtime/record_stage.h;
+// jaxll/native.py registers them from this table).
 class HandlerTable {
  public:
-  void add(const char* name, XLA_FFI_Handler* handler, bool command_buffer) {
-    entries_.push_back({name, handler, command_buffer});
+  void add(const char* name, XLA_FFI_Handler* handler, bool command_buffer,
+           XLA_FFI_Handler* record = nullptr) {
+    entries_.push_back({name, handler, command_buffer, record});
   }
-  // {name: (capsule, command_buffer)}.
+  // {name: (capsule, command_buffer, record capsule or None)}.
   nanobind::dict as_dict() const {
     nanobind::dict d;
     for (const Entry& e : entries_) {
+      nanobind::object record = nanobind::none();
+      if (e.record) record = nanobind::capsule(reinterpret_cast<void*>(e.record));
       d[e.name.c_str()] = nanobind::make_tuple(
-          nanobind::capsule(reinterpret_cast<void*>(e.handler)), e.command_buffer);
+          nanobind::capsule(reinterpret_cast<void*>(e.handler)), e.command_buffer, record);
     }
     return d;
   }
@@ -33,6 +37,7 @@ class HandlerTable {
     std::string name;
     XLA_FFI_Handler* handler;
     bool command_buffer;
+    XLA_FFI_Handler* record;
   };
   std::vector<Entry> entries_;
 };

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "runtime/bindings.h"
+#include "runtime/record_stage.h"
 #include "xla/ffi/api/c_api.h"
 
 #ifndef JAXLL_BUILT_JAXLIB_VERSION
@@ -28,5 +29,6 @@ NB_MODULE(_jaxll, m) {
   jaxll::bind_codes(m);
   m.def("handlers", [] { return handlers.as_dict(); },
         "XLA FFI handlers by target name: (capsule, whether XLA may capture it into a command "
-        "buffer).");
+        "buffer, record-stage capsule or None).");
+  m.attr("record_stage") = static_cast<bool>(JAXLL_RECORD_STAGE);
 }

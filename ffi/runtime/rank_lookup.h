@@ -15,4 +15,12 @@ namespace jaxll {
 xla::ffi::Error find_rank(const WorkspaceRef& hold, int64_t workspace_id, int32_t ordinal,
                           Workspace** ws, Rank** rank);
 
+// The rank's view for one call: programmatic dependent launch only where the
+// call's attribute `uses_pdl` allows it as well as the workspace.
+inline RankView call_view(const Rank& rank, bool uses_pdl) {
+  RankView v = rank.view;
+  if (!uses_pdl) v.pdl = 0;
+  return v;
+}
+
 }  // namespace jaxll

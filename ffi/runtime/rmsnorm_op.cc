@@ -10,6 +10,7 @@
 #include "runtime/bindings.h"
 #include "runtime/ffi_support.h"
 #include "runtime/rank_lookup.h"
+#include "runtime/record_stage.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -21,14 +22,14 @@ namespace {
 
 // All-reduce of x over the workspace's group + residual + RMSNorm with weight
 // (x, residual, normed, new_residual: (..., hidden); weight: (hidden,); one
-// element type), on the exchange `protocol_code`; `order` as for
-// jaxll_all_reduce. Command-buffer compatible.
+// element type), on the exchange `protocol_code`; `order` and `uses_pdl` as
+// for jaxll_all_reduce. Command-buffer compatible.
 ffi::Error RmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
                           ffi::AnyBuffer residual, ffi::AnyBuffer weight, ffi::AnyBuffer /*order*/,
                           ffi::Result<ffi::AnyBuffer> normed,
                           ffi::Result<ffi::AnyBuffer> new_residual,
                           ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t workspace_id, float eps,
-                          int32_t protocol_code) {
+                          int32_t protocol_code, bool uses_pdl) {
   const WorkspaceRef hold(workspace_id);
   Workspace* c = nullptr;
   Rank* r = nullptr;
@@ -47,34 +48,58 @@ ffi::Error RmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x
         "element type, and returns two arrays of x's shape");
   }
   if (count == 0) return ffi::Error::Success();
-  if (const char* problem = rmsnorm_unsupported(dtype, hidden, r->view)) {
+  const RankView view = call_view(*r, uses_pdl);
+  if (const char* problem = rmsnorm_unsupported(dtype, hidden, view)) {
     return ffi::Error::InvalidArgument(std::string("jaxll: all_reduce_rmsnorm kernel: unsupported ") +
                                        problem);
   }
   if (ffi::Error e = use_device(ordinal); e.failure()) return e;
   const Status s = launch_all_reduce_rmsnorm(
-      dtype, r->view, x.untyped_data(), residual.untyped_data(), weight.untyped_data(),
+      dtype, view, x.untyped_data(), residual.untyped_data(), weight.untyped_data(),
       normed->untyped_data(), new_residual->untyped_data(), count / hidden, hidden, eps, protocol,
       stream);
   return rmsnorm_status_error(s, "an all_reduce_rmsnorm of " + std::to_string(count) + " elements",
                               workspace_id, protocol);
 }
 
+// The operands, results and attributes of the call (both stages bind them).
+#define JAXLL_RMSNORM_OPERANDS   \
+  .Arg<ffi::AnyBuffer>()         \
+  .Arg<ffi::AnyBuffer>()         \
+  .Arg<ffi::AnyBuffer>()         \
+  .Arg<ffi::AnyBuffer>()         \
+  .Ret<ffi::AnyBuffer>()         \
+  .Ret<ffi::AnyBuffer>()         \
+  .Ret<ffi::AnyBuffer>()         \
+  .Attr<int64_t>("workspace")    \
+  .Attr<float>("eps")            \
+  .Attr<int32_t>("protocol")     \
+  .Attr<bool>("uses_pdl")
+
 XLA_FFI_DEFINE_HANDLER(kRmsNormHandler, RmsNormExecute,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .Ctx<ffi::DeviceOrdinal>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Attr<int64_t>("workspace")
-                           .Attr<float>("eps")
-                           .Attr<int32_t>("protocol"),
+                           .Ctx<ffi::DeviceOrdinal>() JAXLL_RMSNORM_OPERANDS,
                        {ffi::Traits::kCmdBufferCompatible});
+
+#if JAXLL_RECORD_STAGE
+ffi::Error RmsNormRecord(RecordContext ctx, int32_t ordinal, ffi::AnyBuffer x,
+                         ffi::AnyBuffer residual, ffi::AnyBuffer weight, ffi::AnyBuffer order,
+                         ffi::Result<ffi::AnyBuffer> normed,
+                         ffi::Result<ffi::AnyBuffer> new_residual,
+                         ffi::Result<ffi::AnyBuffer> order_out, int64_t workspace_id, float eps,
+                         int32_t protocol_code, bool uses_pdl) {
+  return record_call(ctx, [&](cudaStream_t stream) {
+    return RmsNormExecute(stream, ordinal, x, residual, weight, order, normed, new_residual,
+                          order_out, workspace_id, eps, protocol_code, uses_pdl);
+  });
+}
+
+XLA_FFI_DEFINE_HANDLER(kRmsNormRecord, RmsNormRecord,
+                       ffi::Ffi::BindRecord()
+                           .Ctx<RecordCtx>()
+                           .Ctx<ffi::DeviceOrdinal>() JAXLL_RMSNORM_OPERANDS);
+#endif
 
 // The protocol of code `code` (the FFI attribute's values), or std::invalid_argument.
 RmsNormProtocol protocol_of(int code) {
@@ -104,7 +129,8 @@ nb::dict plan_dict(const RmsNormPlan& p) {
 }  // namespace
 
 void bind_all_reduce_rmsnorm(nb::module_& m, HandlerTable& handlers) {
-  handlers.add("jaxll_all_reduce_rmsnorm", kRmsNormHandler, true);
+  handlers.add("jaxll_all_reduce_rmsnorm", kRmsNormHandler, true,
+               JAXLL_RECORD_HANDLER(kRmsNormRecord));
   m.def("rmsnorm_plan", [](int64_t id, int dtype, int64_t tokens, int64_t hidden, int protocol) {
     const RmsNormProtocol p = protocol_of(protocol);
     const WorkspaceRef hold(id);

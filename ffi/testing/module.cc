@@ -22,7 +22,7 @@ NB_MODULE(_jaxll_testing, m) {
   jaxll::bind_drivers(m);
   m.def("handlers", [] { return handlers.as_dict(); },
         "XLA FFI handlers by target name: (capsule, whether XLA may capture it into a command "
-        "buffer).");
+        "buffer, None: no record stage).");
   m.def("init", [](nb::capsule api) {
     const auto* table = static_cast<const jaxll::ExtensionApi*>(api.data("jaxll.extension_api"));
     if (table->version != jaxll::kExtensionApiVersion ||

@@ -317,7 +317,7 @@ def emit_kernel_call(ctx, x, *, workspace: int, algorithm: str, op: str):
   """The ``jaxll_all_reduce`` custom call (see ordering.emit_ordered_call)."""
   (y,) = ordering.emit_ordered_call(ctx, "jaxll_all_reduce", [x], workspace=workspace,
                            algorithm=np.int64(algorithms.SPECS[algorithm].code),
-                           op=np.int64(algorithms.OP_CODES[op]))
+                           op=np.int64(algorithms.OP_CODES[op]), uses_pdl=True)
   return y
 
 

@@ -416,7 +416,7 @@ def _lower(ctx, x, prim, op: str, dim: int, axes: tuple, size: int, algorithm: s
     out = ordering.emit_ordered_call(
         ctx, "jaxll_gather_scatter", [x], workspace=ws,
         collective=np.int64(algorithms.COLLECTIVE_CODES[op]),
-        algorithm=np.int64(algorithms.SPECS[kernel].code))
+        algorithm=np.int64(algorithms.SPECS[kernel].code), uses_pdl=True)
   else:
     # (every typed form of the collective lowers to the same XLA op as this one)
     out = internals.xla_lowering(prim, placement.platforms(ctx))(

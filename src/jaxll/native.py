@@ -90,15 +90,18 @@ def kernels_available() -> bool:
 
 def register_targets(module) -> None:
   """Registers the XLA FFI targets of a native module (its ``handlers()``
-  table: name -> (capsule, whether XLA may capture it into command buffers))
-  for CUDA."""
+  table: name -> (capsule, whether XLA may capture it into command buffers,
+  record-stage capsule or None)) for CUDA. A target with a record stage is
+  registered with it unless JAXLL_RECORD_STAGE=0."""
   try:
     from jaxlib.xla_client import CustomCallTargetTraits
     cmd_buffer = {"traits": CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE}
   except (ImportError, AttributeError):  # pragma: no cover - older jaxlib
     cmd_buffer = {}
-  for name, (capsule, command_buffer) in module.handlers().items():
-    jax.ffi.register_ffi_target(name, capsule, platform="CUDA",
+  record_stage = settings.record_stage()
+  for name, (capsule, command_buffer, record) in module.handlers().items():
+    fn = {"execute": capsule, "record": record} if record and record_stage else capsule
+    jax.ffi.register_ffi_target(name, fn, platform="CUDA",
                                 **(cmd_buffer if command_buffer else {}))
 
 

@@ -344,7 +344,10 @@ def emit_ordered_call(ctx, target: str, operands, *, workspace: int, **attribute
   the 4-byte order buffer as the last operand and last result: ordered after
   the previous kernel call emitted into the same block (see above), and the
   program's host check told about the workspace. Attributes: ``workspace``
-  (the workspace id) and `attributes`. Returns the results without the order."""
+  (the workspace id) and `attributes` (jaxll's own calls add ``uses_pdl=True``:
+  the call may start while the kernel ahead of it finishes, where its workspace
+  allows; XLA reads it too when it records the call as a kernel node, on jaxlib
+  0.12 and newer). Returns the results without the order."""
   _note_workspace_for_check(ctx, workspace)
   state = _order_state(ctx)
   if state is not None:

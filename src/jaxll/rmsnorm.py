@@ -411,7 +411,8 @@ def _fused_lowering(ctx, x, residual, weight, *, axes, eps, requested, determini
   if ws:
     results = ordering.emit_ordered_call(
         ctx, "jaxll_all_reduce_rmsnorm", [x, residual, weight], workspace=ws,
-        eps=np.float32(eps), protocol=np.int32(algorithms.RMSNORM_PROTOCOL_CODES[exchange]))
+        eps=np.float32(eps), protocol=np.int32(algorithms.RMSNORM_PROTOCOL_CODES[exchange]),
+        uses_pdl=True)
     algorithm = f"fused_{'twoshot' if plan['twoshot'] else 'oneshot'}_{plan['protocol']}"
   else:
     results = _composed_lowering(ctx, x, residual, weight, axes=axes, eps=eps,

@@ -90,6 +90,14 @@ def auto_table_path() -> str | None:
   return os.environ.get("JAXLL_AUTO_TABLE") or None
 
 
+def record_stage() -> bool:
+  """JAXLL_RECORD_STAGE: where jaxlib's XLA has the FFI record stage (jaxlib 0.12 and
+  newer), each jaxll call becomes a kernel node of XLA's command buffers (default
+  on); 0: XLA captures its launch into a child graph, as older jaxlibs do. Read
+  when jaxll is imported."""
+  return _flag("JAXLL_RECORD_STAGE", True)
+
+
 def skip_version_check() -> bool:
   """JAXLL_SKIP_VERSION_CHECK: load the native module even where the installed jaxlib's XLA
   FFI API version is not one it takes (native.load_problem)."""
@@ -156,6 +164,7 @@ def validate() -> None:
   disabled()
   deterministic()
   log_paths()
+  record_stage()
   skip_version_check()
   auto_max_bytes()
   scratch_bytes()
