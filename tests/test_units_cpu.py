@@ -4,6 +4,7 @@ error words, configuration, version check)."""
 import json
 import types
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -241,6 +242,29 @@ def test_extension_facts():
   assert all(rec is None for _, _, rec in testing._tools.handlers().values())
 
 
+@pytest.mark.parametrize("setting, with_record", [(None, True), ("1", True), ("0", False)])
+def test_targets_register_their_record_stage_unless_told_not_to(monkeypatch, setting,
+                                                                 with_record):
+  # a table as a native module gives it: name -> (capsule, command buffer, record or None)
+  class Module:
+    @staticmethod
+    def handlers():
+      return {"a": ("execute_a", True, "record_a"), "b": ("execute_b", False, None)}
+
+  if setting is None:
+    monkeypatch.delenv("JAXLL_RECORD_STAGE", raising=False)
+  else:
+    monkeypatch.setenv("JAXLL_RECORD_STAGE", setting)
+  seen = {}
+  monkeypatch.setattr(jax.ffi, "register_ffi_target",
+                      lambda name, fn, platform, **kw: seen.update({name: (fn, platform, kw)}))
+  native.register_targets(Module)
+  fn_a, platform, traits = seen["a"]
+  assert platform == "CUDA" and traits  # (command-buffer compatible)
+  assert fn_a == ({"execute": "execute_a", "record": "record_a"} if with_record else "execute_a")
+  assert seen["b"] == ("execute_b", "CUDA", {})
+
+
 def test_no_errors_without_workspaces():
   jaxll.check_errors()  # nothing built on CPU: nothing to report
   assert jaxll.errors() == []
@@ -251,6 +275,7 @@ def test_no_errors_without_workspaces():
     ({"JAXLL_AUTO_MAX_BYTES": "1M"}, "JAXLL_AUTO_MAX_BYTES must be an integer"),
     ({"JAXLL_DISABLE": "maybe"}, "JAXLL_DISABLE must be one of"),
     ({"JAXLL_LOG_PATHS": "2"}, "JAXLL_LOG_PATHS must be one of"),
+    ({"JAXLL_RECORD_STAGE": "maybe"}, "JAXLL_RECORD_STAGE must be one of"),
     ({"JAXLL_PDL": "yes"}, "JAXLL_PDL must be 0 or 1"),
     ({"JAXLL_SIGNATURES": "off"}, "JAXLL_SIGNATURES must be 0 or 1"),
     ({"JAXLL_SMEM_CARVEOUT": "max"}, "JAXLL_SMEM_CARVEOUT must be an integer from -1 to 100"),
