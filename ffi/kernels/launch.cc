@@ -23,6 +23,7 @@ Status launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, 
   if (LaunchCapture* c = t_capture) {
     if (c->count_ > 0 || ranks != 1 || args_bytes > CapturedLaunch::kMaxArgsBytes ||
         (cluster > 1 && blocks % cluster != 0)) {
+      c->refused_ = true;
       return Status::NoPlan();
     }
     CapturedLaunch& l = c->launch_;

@@ -56,12 +56,15 @@ class LaunchCapture {
   LaunchCapture& operator=(const LaunchCapture&) = delete;
   // The launch described (nullptr: none was made).
   const CapturedLaunch* launch() const { return count_ ? &launch_ : nullptr; }
+  // Whether a launch was refused.
+  bool refused() const { return refused_; }
 
  private:
   friend Status launch_collective(const void*, int64_t, int, bool, const void*, size_t,
                                   cudaStream_t, int, int);
   CapturedLaunch launch_;
   int count_ = 0;
+  bool refused_ = false;
   LaunchCapture* outer_;
 };
 

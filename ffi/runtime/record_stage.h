@@ -1,4 +1,4 @@
-// XLA FFI's record stage (jaxlib 0.12 and newer): how a jaxll call becomes a
+// XLA FFI's record stage (jaxlib 0.12's headers and newer): how a jaxll call becomes a
 // kernel node of XLA's command buffer (CUDA graph) instead of a stream capture.
 //
 // Without it XLA captures the execute handler's launch into a graph of its own
@@ -17,7 +17,6 @@
 #include <cuda_runtime.h>
 
 #include <initializer_list>
-#include <string>
 
 #include "kernels/launch.h"
 #include "xla/ffi/api/c_api.h"
@@ -40,30 +39,23 @@ struct RecordExtension : xla::ffi::internal::RecordExtensionBase<RecordContext> 
 using RecordCtx = xla::ffi::Extension<RecordExtension>;
 
 // The record stage of a call whose execute handler is `execute(stream)`: runs
-// it with its launch captured, then creates (or updates) the kernel node. A
-// call that launches nothing gets an empty node. Where XLA cannot take the
-// launch as a node, the call falls back to stream capture (the execute handler
-// then runs on XLA's capture stream, as without this stage).
+// it with its launch captured, then creates (or updates) the kernel node. Where
+// there is no one kernel node to make or update (the call launches nothing, the
+// capture refused its launch, XLA will not take the launch, or an earlier
+// record of the call fell back), the call falls back to stream capture: XLA
+// runs the execute handler on its capture stream, as without this stage.
 template <class Execute>
 xla::ffi::Error record_call(RecordContext ctx, Execute&& execute) {
   LaunchCapture capture;
-  if (xla::ffi::Error e = execute(cudaStream_t{nullptr}); e.failure()) return e;
+  xla::ffi::Error e = execute(cudaStream_t{nullptr});
+  if (capture.refused()) return ctx.RequestStreamCapture();
+  if (e.failure()) return e;
   const CapturedLaunch* l = capture.launch();
-  const bool create = ctx.action() == xla::ffi::RecordAction::kCreate;
-  if (l == nullptr) {
-    if (create) {
-      auto node = ctx.CreateEmptyCommand();
-      if (node.has_error()) return node.error();
-    }
-    return xla::ffi::Error::Success();
-  }
+  if (l == nullptr) return ctx.RequestStreamCapture();
   const xla::ffi::KernelArg arg = xla::ffi::HostValue{l->args, l->args_bytes};
-  if (!create) {
+  if (ctx.action() == xla::ffi::RecordAction::kUpdate) {
     const xla::ffi::BoundedCommandVector nodes = ctx.commands();
-    if (nodes.size() != 1) {
-      return xla::ffi::Error::Internal("jaxll: a recorded call to update has " +
-                                       std::to_string(nodes.size()) + " commands, not 1");
-    }
+    if (nodes.size() != 1) return ctx.RequestStreamCapture();
     return ctx.UpdateLaunch(nodes[0], std::initializer_list<xla::ffi::KernelArg>{arg});
   }
   cudaFunction_t fn = nullptr;

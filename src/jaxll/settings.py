@@ -91,10 +91,10 @@ def auto_table_path() -> str | None:
 
 
 def record_stage() -> bool:
-  """JAXLL_RECORD_STAGE: where jaxlib's XLA has the FFI record stage (jaxlib 0.12 and
-  newer), each jaxll call becomes a kernel node of XLA's command buffers (default
-  on); 0: XLA captures its launch into a child graph, as older jaxlibs do. Read
-  when jaxll is imported."""
+  """JAXLL_RECORD_STAGE: where the runtime has XLA FFI's record stage (built against
+  jaxlib 0.12's headers or newer), each jaxll call becomes a kernel node of XLA's
+  command buffers (default on); 0: XLA captures its launch into a child graph, as
+  with other builds. Read when jaxll is imported."""
   return _flag("JAXLL_RECORD_STAGE", True)
 
 

@@ -45,8 +45,10 @@ int main() {
     args.values[0] = -1;
     check(l != nullptr && reinterpret_cast<const Args*>(l->args)->values[0] == 1,
           "the arguments are copied, not referenced");
+    check(!capture.refused(), "nothing refused yet");
     check(launch_collective(fn, 8, 256, false, &args, nullptr).code() ==
-              jaxll::StatusCode::kNoPlan,
+              jaxll::StatusCode::kNoPlan &&
+              capture.refused(),
           "a second launch is refused");
     check(capture.launch() == l && l->pdl, "the first launch stays");
     {
@@ -54,7 +56,7 @@ int main() {
       check(launch_collective(fn, 4, 128, false, &args, nullptr, 1, 2).code() ==
                 jaxll::StatusCode::kNoPlan,
             "a virtual group's launch is refused");
-      check(inner.launch() == nullptr, "a refused launch describes nothing");
+      check(inner.launch() == nullptr && inner.refused(), "a refused launch describes nothing");
       check(launch_collective(fn, 6, 128, false, &args, nullptr, 4).code() ==
                 jaxll::StatusCode::kNoPlan,
             "a cluster that does not divide the grid is refused");
