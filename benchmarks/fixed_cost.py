@@ -7,6 +7,11 @@ Two figures, both in steady state with no host sync inside the timed region:
   every rank's stream; it is replayed ``--reps`` times under CUDA events (the
   graph of empty kernels, measured the same way, is the floor). Points are
   measured in ``--passes`` interleaved passes; the median of all samples is kept.
+  ``--launch streams`` (default): each rank's call is its own launch on its
+  rank's stream, as on a host with a GPU per rank, so on one GPU the figure
+  includes how far apart the N launches start; ``one``: each call is one launch
+  of every rank's blocks, which start together (the floor: one empty kernel a
+  call).
 * a one-GPU mesh, jitted chain of ``--chain`` steps ``v = f(v) * 0.5`` with f
   the empty FFI custom call (``jaxll_noop``) or ``jaxll.all_reduce``; the
   compiled chain runs ``--runs`` times back to back with one sync at the end,
@@ -68,21 +73,26 @@ def kernel_section(args, pdl: str) -> list[dict]:
   samples: dict[tuple, list[float]] = {}
   for _ in range(args.passes):
     use_pdl(pdl)
+    for launch in args.launch:
+      one = launch == "one"
+      for n in args.ranks:
+        samples.setdefault((launch, n, "floor", 0), []).extend(
+            jt.graph_floor_us(n, iters=args.iters, reps=args.reps, one_launch=one))
+        for nbytes in args.sizes:
+          for algo in args.algorithms:
+            samples.setdefault((launch, n, algo, nbytes), []).extend(
+                jt.kernel_time_us(n, nbytes, algorithm=algo, iters=args.iters, reps=args.reps,
+                                  one_launch=one))
+  rows = []
+  for launch in args.launch:
     for n in args.ranks:
-      samples.setdefault((n, "floor", 0), []).extend(
-          jt.graph_floor_us(n, iters=args.iters, reps=args.reps))
+      floor = statistics.median(samples[(launch, n, "floor", 0)])
       for nbytes in args.sizes:
         for algo in args.algorithms:
-          samples.setdefault((n, algo, nbytes), []).extend(
-              jt.kernel_time_us(n, nbytes, algorithm=algo, iters=args.iters, reps=args.reps))
-  rows = []
-  for n in args.ranks:
-    floor = statistics.median(samples[(n, "floor", 0)])
-    for nbytes in args.sizes:
-      for algo in args.algorithms:
-        k = statistics.median(samples[(n, algo, nbytes)])
-        rows.append({"ranks": n, "bytes": nbytes, "algorithm": algo, "pdl": pdl,
-                     "kernel_us": k, "floor_us": floor, "above_floor_us": k - floor})
+          k = statistics.median(samples[(launch, n, algo, nbytes)])
+          rows.append({"ranks": n, "bytes": nbytes, "algorithm": algo, "pdl": pdl,
+                       "launch": launch, "kernel_us": k, "floor_us": floor,
+                       "above_floor_us": k - floor})
   return rows
 
 
@@ -138,6 +148,9 @@ def main() -> None:
   p.add_argument("--sizes", type=int, nargs="+", default=[8, 4096])
   p.add_argument("--algorithms", nargs="+", default=BARRIER_FREE)
   p.add_argument("--jit-algorithms", nargs="+", default=["oneshot_ll", "oneshot_sentinel"])
+  p.add_argument("--launch", nargs="+", choices=["streams", "one"], default=["streams"],
+                 help="streams: each rank's call its own launch on its own stream; one: "
+                      "every rank's blocks in one launch")
   p.add_argument("--iters", type=int, default=400)
   p.add_argument("--reps", type=int, default=9)
   p.add_argument("--passes", type=int, default=3)
@@ -157,9 +170,11 @@ def main() -> None:
   jit = [] if args.no_jit else [r for pdl in args.pdl for fb in args.feedback
                                 for r in jit_section(args, pdl, bool(fb))]
   print(f"# fixed cost {args.label} on {jax.devices('cuda')[0].device_kind}, jax {jax.__version__}")
-  print(f"{'pdl':>3} {'N':>2} {'bytes':>6} {'algorithm':18} {'kernel':>7} {'floor':>6} {'above':>6}")
+  print(f"{'pdl':>3} {'launch':7} {'N':>2} {'bytes':>6} {'algorithm':18} {'kernel':>7} {'floor':>6} "
+        f"{'above':>6}")
   for r in kern:
-    print(f"{r['pdl']:>3} {r['ranks']:>2} {r['bytes']:>6} {r['algorithm']:18} {r['kernel_us']:7.2f} "
+    print(f"{r['pdl']:>3} {r['launch']:7} {r['ranks']:>2} {r['bytes']:>6} {r['algorithm']:18} "
+          f"{r['kernel_us']:7.2f} "
           f"{r['floor_us']:6.2f} {r['above_floor_us']:6.2f}")
   for r in jit:
     extra = f" above noop {r['above_noop_us']:.2f}" if "above_noop_us" in r else ""

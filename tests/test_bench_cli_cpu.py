@@ -164,6 +164,31 @@ def test_tune_auto_builds_a_valid_table(tmp_path):
     choice.set_auto_table(None)
 
 
+def test_tune_auto_ranks_a_launch_per_rank_from_fixed_cost(tmp_path):
+  """fixed_cost.py --launch streams one: the table follows the launch per rank
+  (as a host with a GPU per rank runs the kernels), whatever one launch says."""
+  import os
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+  try:
+    import tune_auto
+  finally:
+    sys.path.pop(0)
+
+  def row(launch, algorithm, us):
+    return {"ranks": 8, "bytes": 4096, "algorithm": algorithm, "pdl": "1", "launch": launch,
+            "kernel_us": us, "floor_us": 1.0, "above_floor_us": us - 1.0}
+
+  doc = {"label": "", "config": {}, "jit": [],
+         "kernel": [row("streams", "oneshot_ll", 2.0), row("streams", "twoshot_sentinel", 3.0),
+                    row("one", "oneshot_ll", 3.0), row("one", "twoshot_sentinel", 2.0)]}
+  src = tmp_path / "fc.json"
+  src.write_text(json.dumps(doc))
+  out = tmp_path / "table.json"
+  assert tune_auto.main([str(src), "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())["tables"]["8"]["float32"]
+  assert rows[0][1][0] == "oneshot_ll"
+
+
 def test_plot_writes_png(tmp_path):
   pytest.importorskip("matplotlib")
   out = tmp_path / "p.png"
