@@ -32,6 +32,51 @@ def test_load_rule(built_api, installed_api, loads):
     assert "JAXLL_SKIP_VERSION_CHECK=1" in problem
 
 
+@pytest.mark.parametrize("installed, installed_api, loads", [
+    ("0.12.1", (0, 5), True),     # the jaxlib whose headers it was compiled against
+    ("0.13.0", (0, 5), True),     # a newer one of the same FFI API
+    ("0.12.0", (0, 5), False),    # an older jaxlib of the same FFI API (another record stage)
+    ("0.12.0.1", (0, 5), False),
+    ("0.11.2", (0, 4), False),
+])
+def test_load_rule_asks_for_the_jaxlib_of_the_headers_or_newer(installed, installed_api, loads):
+  assert (native.load_problem("0.12.1", (0, 5), installed, installed_api) is None) == loads
+
+
+def test_jaxlib_release():
+  assert native.jaxlib_release("0.12.0.1") == (0, 12, 0, 1)
+  assert native.jaxlib_release("0.12.2.dev20261201") == (0, 12, 2)
+  assert native.jaxlib_release("0.10.0rc1") == (0, 10, 0)
+
+
+LAYERS = (("_runtime_ffi_0_5", "0.12.1", (0, 5)), ("_runtime_ffi_0_3", "0.10.0", (0, 3)))
+
+
+@pytest.mark.parametrize("installed, installed_api, module", [
+    ("0.10.0", (0, 3), "_runtime_ffi_0_3"),
+    ("0.10.2", (0, 3), "_runtime_ffi_0_3"),
+    ("0.11.2", (0, 4), "_runtime_ffi_0_3"),
+    ("0.12.0", (0, 5), "_runtime_ffi_0_3"),   # (0.12.0's record stage is not the layer's)
+    ("0.12.1", (0, 5), "_runtime_ffi_0_5"),
+    ("0.13.0", (0, 6), "_runtime_ffi_0_5"),
+])
+def test_the_newest_layer_the_installed_jaxlib_takes_is_chosen(installed, installed_api, module):
+  assert native.choose_layer(LAYERS, installed, installed_api) == (module, None)
+
+
+def test_no_layer_for_another_major_version_says_why():
+  module, problem = native.choose_layer(LAYERS, "1.0.0", (1, 0))
+  assert module is None and "jaxlib 0.10.0 (XLA FFI API 0.3)" in problem
+
+
+@needs_kernels
+def test_the_loaded_layer_is_the_one_chosen_for_the_installed_jaxlib():
+  module, _ = native.choose_layer(native.LAYERS, jaxlib.__version__, native.installed_ffi_api())
+  assert ext.__name__ == f"jaxll.{module}"
+  built = {m: (v, api) for m, v, api in native.LAYERS}[module]
+  assert (ext.built_jaxlib_version, tuple(ext.ffi_api_version)) == built
+
+
 def test_load_rule_without_headers():
   assert native.load_problem("0.10.2", (0, 3), "0.10.2", None) is None
   problem = native.load_problem("0.10.0", (0, 3), "0.10.2", None)
@@ -70,3 +115,19 @@ def test_xla_takes_and_runs_the_handlers():
     noop = jax.ffi.ffi_call("probe_jaxll_noop", jax.ShapeDtypeStruct(x.shape, x.dtype))
     with pytest.raises(Exception, match="GPU context is not available"):
       jax.block_until_ready(jax.jit(noop)(x))
+
+
+def test_runtime_info_says_which_layer_and_path():
+  import jaxll
+  from jaxll import settings
+  info = jaxll.runtime_info()
+  assert info.layers == tuple((m, v) for m, v, _ in native.LAYERS)
+  if ext is None:
+    assert not info.kernels and info.layer is None and not info.record_stage
+    assert info.note == native.NO_KERNELS_REASON
+    return
+  assert info.kernels and info.layer == ext.__name__
+  assert info.headers_jaxlib == ext.built_jaxlib_version
+  # (JAXLL_RECORD_STAGE as it was when jaxll registered its targets, as it is now)
+  assert info.record_stage == (bool(ext.record_stage) and settings.record_stage())
+  assert ("kernel node" if info.record_stage else "child graph") in info.note

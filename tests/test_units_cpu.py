@@ -329,13 +329,18 @@ def test_on_error_mode_reads_the_setting(monkeypatch):
 
 
 def test_kernels_available_says_how_jaxll_was_built():
-  # against what the installed package holds: a compiled extension beside it
-  # (built with nvcc) whose handler table has the all-reduce's XLA FFI target
+  # against what the installed package holds: the kernel library and the runtime
+  # layers beside it (built with nvcc), one of which is loaded, whose handler
+  # table has the all-reduce's XLA FFI target
   import os
   here = os.path.dirname(jaxll.__file__)
-  compiled = [f for f in os.listdir(here) if f.startswith("_jaxll") and f.endswith(".so")]
+  compiled = sorted(f for f in os.listdir(here) if f.endswith(".so"))
   assert jaxll.kernels_available() == bool(compiled), compiled
   if compiled:
+    assert "libjaxll_kernels.so" in compiled
+    layers = [m for m, _, _ in native.LAYERS]
+    assert layers and all(any(f.startswith(m + ".") for f in compiled) for m in layers)
+    assert ext.__name__ in [f"jaxll.{m}" for m in layers]
     assert native.NO_KERNELS_REASON is None and "jaxll_all_reduce" in ext.handlers()
   else:  # installed without nvcc: every call is XLA's, and explain says so on CPU
     assert "without its CUDA kernels" in native.NO_KERNELS_REASON

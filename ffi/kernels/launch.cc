@@ -62,6 +62,15 @@ Status launch_collective(const void* fn, int64_t blocks, int threads, bool pdl, 
   return Status::Cuda(cudaLaunchKernelExC(&config, fn, params));
 }
 
+cudaFunction_t kernel_handle(const void* fn) {
+  cudaFunction_t handle = nullptr;
+  if (cudaGetFuncBySymbol(&handle, fn) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return handle;
+}
+
 namespace {
 
 struct ClusterCapacity {

@@ -68,6 +68,11 @@ class LaunchCapture {
   LaunchCapture* outer_;
 };
 
+// The driver's handle of kernel `fn` of this library (nullptr where CUDA gives
+// none). Only the library's own CUDA runtime knows its kernels (kernels.h), so
+// a module that hands a kernel to XLA asks here.
+cudaFunction_t kernel_handle(const void* fn);
+
 // How many clusters of `cluster` blocks of `threads` threads of kernel `fn` a
 // rank on `view`'s workspace may keep resident at once: the device's capacity
 // for such clusters (cudaOccupancyMaxActiveClusters on the current device)

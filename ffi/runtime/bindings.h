@@ -1,4 +1,4 @@
-// What each part of the runtime adds to the Python module jaxll._jaxll: its
+// What each part of the runtime adds to a runtime layer's Python module (module.cc): its
 // bindings, and its XLA FFI handlers in the module's handler table. module.cc
 // calls every bind_* function; each lives beside the code it binds.
 #pragma once

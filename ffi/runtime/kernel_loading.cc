@@ -22,28 +22,6 @@ std::vector<KernelLoader>& loaders() {
   return kept;
 }
 
-// Loads kernel `fn` on the current device and sets its shared-memory carveout.
-void load_kernel(const void* fn, int carveout) {
-  cudaFuncAttributes attr;  // querying the attributes loads the kernel
-  check_cuda(cudaFuncGetAttributes(&attr, fn), "loading jaxll kernels");
-  if (carveout >= 0) {
-    check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, carveout),
-               "setting the shared-memory carveout of jaxll kernels");
-  }
-}
-
-// Occupancy of the least-occupying kernel at kBlockThreads threads (current device).
-int min_blocks_per_sm() {
-  int best = 1 << 30;
-  for (const void* fn : kernel_functions()) {
-    int blocks = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kBlockThreads, 0),
-               "querying kernel occupancy");
-    best = std::min(best, blocks);
-  }
-  return best == (1 << 30) ? 1 : std::max(best, 1);
-}
-
 }  // namespace
 
 void run_loader(KernelLoader load, int ordinal, int carveout) {
@@ -63,7 +41,7 @@ void keep_loader(KernelLoader load) {
 
 void load_kernels(int ordinal, int carveout) {
   DeviceGuard guard(ordinal);
-  for (const void* fn : kernel_functions()) load_kernel(fn, carveout);
+  load_functions(kernel_functions(), carveout);
   std::vector<KernelLoader> kept;
   {
     std::lock_guard<std::mutex> lock(g_loaders_mutex);
@@ -78,7 +56,7 @@ int device_block_bound(int ordinal, int carveout) {
   int sms = 0;
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal),
              "querying the multiprocessor count");
-  return sms * min_blocks_per_sm();
+  return sms * fewest_blocks_per_sm(kernel_functions());
 }
 
 }  // namespace jaxll

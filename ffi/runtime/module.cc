@@ -1,5 +1,8 @@
-// The Python extension module jaxll._jaxll: every part of the runtime binds
-// itself (bindings.h) and lists its XLA FFI handlers in one table.
+// A runtime layer, the Python extension module jaxll._runtime_ffi_<major>_<minor>:
+// every part of the runtime binds itself (bindings.h) and lists its XLA FFI
+// handlers in one table. CMakeLists.txt builds one layer per XLA FFI header
+// version it compiles against (the module's name says which), all over the one
+// kernel library; jaxll/native.py imports the newest the installed jaxlib takes.
 #include <nanobind/nanobind.h>
 
 #include <cuda_runtime.h>
@@ -8,11 +11,11 @@
 #include "runtime/record_stage.h"
 #include "xla/ffi/api/c_api.h"
 
-#ifndef JAXLL_BUILT_JAXLIB_VERSION
-#error "JAXLL_BUILT_JAXLIB_VERSION must be defined by the build"
+#if !defined(JAXLL_BUILT_JAXLIB_VERSION) || !defined(JAXLL_MODULE_NAME)
+#error "JAXLL_BUILT_JAXLIB_VERSION and JAXLL_MODULE_NAME must be defined by the build"
 #endif
 
-NB_MODULE(_jaxll, m) {
+NB_MODULE(JAXLL_MODULE_NAME, m) {
   namespace nb = nanobind;
   m.doc() = "jaxll's runtime: XLA FFI handlers, symmetric workspaces, the extension API";
   m.attr("built_jaxlib_version") = JAXLL_BUILT_JAXLIB_VERSION;

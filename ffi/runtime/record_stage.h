@@ -11,7 +11,8 @@
 // of it by programmatic edges. A call XLA records again (its buffers moved)
 // updates the node's arguments.
 //
-// JAXLL_RECORD_STAGE is 1 where the FFI headers have the stage (FFI API 0.5).
+// JAXLL_RECORD_STAGE is 1 where the FFI headers have the stage as jaxlib 0.12.1
+// shapes it (FFI API 0.5 with kernel_api.h; jaxlib 0.12.0's differs).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,7 +23,8 @@
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
 
-#if XLA_FFI_API_MAJOR == 0 && XLA_FFI_API_MINOR >= 5 && __has_include("xla/ffi/api/record_api.h")
+#if XLA_FFI_API_MAJOR == 0 && XLA_FFI_API_MINOR >= 5 && __has_include("xla/ffi/api/record_api.h") && \
+    __has_include("xla/ffi/api/kernel_api.h")
 #define JAXLL_RECORD_STAGE 1
 #define JAXLL_RECORD_HANDLER(handler) (handler)
 #include "xla/ffi/api/record_api.h"
@@ -58,11 +60,8 @@ xla::ffi::Error record_call(RecordContext ctx, Execute&& execute) {
     if (nodes.size() != 1) return ctx.RequestStreamCapture();
     return ctx.UpdateLaunch(nodes[0], std::initializer_list<xla::ffi::KernelArg>{arg});
   }
-  cudaFunction_t fn = nullptr;
-  if (cudaGetFuncBySymbol(&fn, l->fn) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return ctx.RequestStreamCapture();
-  }
+  const cudaFunction_t fn = kernel_handle(l->fn);
+  if (fn == nullptr) return ctx.RequestStreamCapture();
   const int32_t c = l->cluster > 1 ? l->cluster : 0;
   const XLA_FFI_LaunchDims dims{{static_cast<int32_t>(l->blocks), 1, 1},
                                {l->threads, 1, 1},

@@ -1,8 +1,9 @@
-// The Python extension module jaxll._jaxll_testing: jaxll's testing tools
+// The Python extension module jaxll.tools._jaxll_testing: jaxll's testing tools
 // (virtual ranks, speed-of-light probes) over the runtime's workspaces, which
 // it reaches only through the extension API, as an extension outside jaxll
-// would. It has its own copy of the kernels: a CUDA library linked with the
-// static runtime knows only its own.
+// would. It launches the collective kernels through the kernel library it
+// shares with the runtime (kernels/kernels.h), and its own drivers' kernels
+// itself.
 #include <nanobind/nanobind.h>
 
 #include <stdexcept>

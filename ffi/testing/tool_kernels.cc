@@ -1,20 +1,22 @@
 #include "testing/tool_kernels.h"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <vector>
 
-#include "jaxll/workspace_layout.h"
 #include "kernels/cuda_call.h"
+#include "kernels/group_launch.h"
 #include "kernels/kernels.h"
-#include "testing/group_launch.h"
 #include "testing/virtual_drivers.h"
 
 namespace jaxll {
 namespace {
 
-// The collective kernels (their grids must be co-resident), then the drivers' own.
+// The collective kernels the tools launch (their grids must be co-resident):
+// the library's and their group twins, loaded by the library (kernels.h).
 std::vector<const void*> collective_kernels() {
   std::vector<const void*> out = kernel_functions();
   const std::vector<const void*> twins = group_kernel_functions();
@@ -22,22 +24,18 @@ std::vector<const void*> collective_kernels() {
   return out;
 }
 
-std::vector<const void*> tool_kernels() {
-  std::vector<const void*> out = collective_kernels();
-  for (const std::vector<const void*>& more : {stress_kernel_functions(), call_kernel_functions()}) {
-    out.insert(out.end(), more.begin(), more.end());
-  }
-  return out;
-}
-
 void load(int ordinal, int carveout) {
   DeviceGuard guard(ordinal);
-  for (const void* fn : tool_kernels()) {
-    cudaFuncAttributes attr;  // querying the attributes loads the kernel
-    check_cuda(cudaFuncGetAttributes(&attr, fn), "loading jaxll's testing kernels");
-    if (carveout >= 0) {
-      check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, carveout),
-                 "setting the shared-memory carveout of jaxll's testing kernels");
+  load_functions(collective_kernels(), carveout);
+  // the drivers' own kernels, this module's
+  for (const std::vector<const void*>& own : {stress_kernel_functions(), call_kernel_functions()}) {
+    for (const void* fn : own) {
+      cudaFuncAttributes attr;  // querying the attributes loads the kernel
+      check_cuda(cudaFuncGetAttributes(&attr, fn), "loading jaxll's testing kernels");
+      if (carveout >= 0) {
+        check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, carveout),
+                   "setting the shared-memory carveout of jaxll's testing kernels");
+      }
     }
   }
 }
@@ -60,14 +58,7 @@ int tool_block_bound(int ordinal, int carveout) {
   int sms = 0;
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal),
              "querying the multiprocessor count");
-  int fewest = 1 << 30;
-  for (const void* fn : collective_kernels()) {
-    int blocks = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, kBlockThreads, 0),
-               "querying kernel occupancy");
-    fewest = std::min(fewest, blocks);
-  }
-  return sms * std::max(fewest == (1 << 30) ? 1 : fewest, 1);
+  return sms * fewest_blocks_per_sm(collective_kernels());
 }
 
 }  // namespace jaxll

@@ -1,4 +1,4 @@
-// The testing module's kernels (its copy of the library's, their group twins,
+// The kernels the testing tools launch (the library's, their group twins and
 // the drivers' own): loaded with every workspace the runtime builds, and the
 // grid bound they allow.
 #pragma once

@@ -19,7 +19,7 @@
 #include "kernels/all_reduce.h"
 #include "kernels/rmsnorm.h"
 #include "runtime/ffi_support.h"
-#include "testing/group_launch.h"
+#include "kernels/group_launch.h"
 #include "runtime/handler_table.h"
 #include "testing/virtual_group.h"
 #include "xla/ffi/api/ffi.h"

@@ -10,7 +10,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/utility.h"
 #include "testing/device_buffers.h"
-#include "testing/group_launch.h"
+#include "kernels/group_launch.h"
 #include "testing/virtual_drivers.h"
 
 namespace jaxll {

@@ -10,6 +10,7 @@ from jaxll import settings as _settings
 
 _settings.validate()  # a bad JAXLL_* value fails here, on every platform
 from jaxll.native import kernels_available  # (loads the runtime, checks jaxlib, registers targets)
+from jaxll.native import RuntimeInfo, runtime_info
 from jaxll import choice as _choice
 
 _choice.check_tables()  # a missing or malformed tuning table fails here
@@ -48,6 +49,7 @@ __all__ = [
     "CollectiveError",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
+    "RuntimeInfo",
     "Workspace",
     "WorkspaceConfig",
     "all_gather",
@@ -70,6 +72,7 @@ __all__ = [
     "reset",
     "route",
     "route_psums",
+    "runtime_info",
     "set_config",
     "workspaces",
 ]

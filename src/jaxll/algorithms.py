@@ -38,7 +38,7 @@ _ERROR_KINDS = ("none", "timeout", "mismatch", "freed", "not_started")
 
 def _codes() -> dict:
   """The codes the FFI handlers take, from the native side's one table
-  (ffi/kernels/types.h, ``_jaxll.codes()``). Without the extension (an
+  (ffi/kernels/types.h, ``jaxll.native.ext.codes()``). Without the extension (an
   install without nvcc) nothing is ever passed to a handler: placeholder codes
   (kernels nonzero, XLA zero) keep the catalogue's shape."""
   from jaxll.native import ext

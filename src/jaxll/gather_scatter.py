@@ -55,7 +55,7 @@ psum_scatter_p = internals.CollectivePrimitive("jaxll_psum_scatter")
 KERNEL_ALGORITHMS = ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier")
 ALGORITHMS = ("auto", "xla") + KERNEL_ALGORITHMS
 # The dtypes the kernels take (kept here for installs without kernels; a unit
-# test checks them against the native table, _jaxll.has_gather_scatter_kernel).
+# test checks them against the native table, jaxll.native.ext.has_gather_scatter_kernel).
 _KERNEL_DTYPES = frozenset(["float32", "bfloat16", "float16", "int32"])
 # The sentinel protocol's pattern (all ones) is a NaN of each floating type and a
 # valid int32.

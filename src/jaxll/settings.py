@@ -91,16 +91,17 @@ def auto_table_path() -> str | None:
 
 
 def record_stage() -> bool:
-  """JAXLL_RECORD_STAGE: where the runtime has XLA FFI's record stage (built against
-  jaxlib 0.12's headers or newer), each jaxll call becomes a kernel node of XLA's
-  command buffers (default on); 0: XLA captures its launch into a child graph, as
-  with other builds. Read when jaxll is imported."""
+  """JAXLL_RECORD_STAGE: where the loaded runtime layer has XLA FFI's record stage
+  (the record layer, with jaxlib 0.12.1 or newer: jaxll.runtime_info()), each
+  jaxll call becomes a kernel node of XLA's command buffers (default on); 0: XLA
+  captures its launch into a child graph, as with older jaxlibs. Read when jaxll
+  is imported."""
   return _flag("JAXLL_RECORD_STAGE", True)
 
 
 def skip_version_check() -> bool:
-  """JAXLL_SKIP_VERSION_CHECK: load the native module even where the installed jaxlib's XLA
-  FFI API version is not one it takes (native.load_problem)."""
+  """JAXLL_SKIP_VERSION_CHECK: load the base runtime layer even where the installed
+  jaxlib takes no layer of this build (native.load_problem)."""
   return _flag("JAXLL_SKIP_VERSION_CHECK")
 
 

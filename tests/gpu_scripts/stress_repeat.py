@@ -21,7 +21,7 @@ import time
 CHILD = r'''
 import json, sys, time, numpy as np, jaxll
 from jaxll.tools import testing as jt, algorithms
-from jaxll import _jaxll as ext
+from jaxll.native import ext
 calls = int(sys.argv[1])
 rng = np.random.default_rng(5)
 small = rng.integers(1, 2048, size=calls - calls // 10)

@@ -324,7 +324,7 @@ def stress(nranks: int, counts, *, dtype="float32", op: str = "sum",
   (within N * eps * sum|x|) and bitwise across ranks. Returns a dict with
   ``mismatches`` (0 if all correct), the first mismatch, ``error`` (a
   recorded timeout, if any) and ``rank_errors`` (every rank's raw error word, 0
-  for none; ``jaxll._jaxll.decode_error`` splits one into kind, rank, peer,
+  for none; ``jaxll.native.ext.decode_error`` splits one into kind, rank, peer,
   block and epoch).
   """
   names = [algorithm] if isinstance(algorithm, str) else list(algorithm)

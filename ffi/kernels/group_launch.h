@@ -1,8 +1,10 @@
 // Every rank of a virtual group in one launch: rank r's blocks are those with
 // blockIdx.y == r, each running the same kernel body with rank r's arguments
-// (the kernels' "group twins", compiled here from the kernel library's bodies).
-// Instead of a fork onto the ranks' streams, N kernels and a join, one kernel
-// node a call: what a step on separate GPUs has. Its ranks start together.
+// (the kernels' "group twins": the same bodies with every rank's arguments,
+// compiled into the kernel library beside the kernels, which alone can launch
+// them). The testing tools' virtual ranks use them: instead of a fork onto the
+// ranks' streams, N kernels and a join, one kernel node a call, what a step on
+// separate GPUs has. Its ranks start together. The runtime never launches them.
 #pragma once
 
 #include <cuda_runtime.h>

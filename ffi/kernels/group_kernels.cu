@@ -7,8 +7,8 @@
 #include "kernels/oneshot.cuh"
 #include "kernels/twoshot.cuh"
 #include "kernels/twoshot_atomic.cuh"
-#include "testing/group_args.cuh"
-#include "testing/group_launch.h"
+#include "kernels/group_args.cuh"
+#include "kernels/group_launch.h"
 
 namespace jaxll {
 namespace {

@@ -6,8 +6,8 @@
 #include "kernels/rmsnorm_general.cuh"
 #include "kernels/rmsnorm_select.h"
 #include "kernels/rmsnorm_twoshot.cuh"
-#include "testing/group_args.cuh"
-#include "testing/group_launch.h"
+#include "kernels/group_args.cuh"
+#include "kernels/group_launch.h"
 
 namespace jaxll {
 namespace {
