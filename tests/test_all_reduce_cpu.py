@@ -208,14 +208,16 @@ def test_pytree_and_constant(mesh1):
 # --- errors ---------------------------------------------------------------------
 
 def test_outside_shard_map_is_a_clear_error():
-  with pytest.raises(NameError, match=r"jaxll.all_reduce: unknown axis name 'tp'.*shard_map"):
+  with pytest.raises(NameError, match=r"jaxll.all_reduce: unknown axis name 'tp' "
+                                      r"\(no named axis is bound here\).*shard_map"):
     jax.jit(lambda v: jaxll.all_reduce(v, "tp"))(jnp.ones(3))
 
 
 def test_unknown_axis(mesh1):
   f = jax.shard_map(lambda v: jaxll.all_reduce(v, "dp"), mesh=mesh1, in_specs=P("tp"),
                     out_specs=P())
-  with pytest.raises(NameError, match="unknown axis name 'dp'"):
+  # (the error names the axes that are bound, as a misspelt name's fix)
+  with pytest.raises(NameError, match=r"unknown axis name 'dp' \(the axes bound here are 'tp'\)"):
     jax.jit(f).lower(_put(mesh1, np.ones((8,), np.float32), P("tp")))
 
 

@@ -196,6 +196,16 @@ def test_plot_writes_png(tmp_path):
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("argv0, prog", [
+    ("/venv/bin/jaxll-bench", "jaxll-bench"),
+    ("/src/jaxll/tools/bench/__main__.py", "python -m jaxll.tools.bench")])
+def test_help_names_the_command_it_was_started_by(monkeypatch, capsys, argv0, prog):
+  monkeypatch.setattr(sys, "argv", [argv0])
+  with pytest.raises(SystemExit):
+    cli.build_parser().parse_args(["--help"])
+  assert capsys.readouterr().out.startswith(f"usage: {prog} ")
+
+
 def test_cli_without_gpu_says_so(tmp_path):
   from conftest import HAS_GPU
   if HAS_GPU:

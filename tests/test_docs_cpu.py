@@ -21,10 +21,11 @@ def _blocks(page):
   return BLOCK.findall(open(os.path.join(ROOT, page)).read())
 
 
-def _run(code):
+def _run(code, **env):
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=8", **env)
   return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
-                        timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu",
-                                              XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+                        timeout=300, env=env)
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -41,6 +42,15 @@ def test_readme_examples_say_what_ran_where():
   r = _run("\n".join(code for marker, code in _blocks("README.md") if not marker))
   assert r.returncode == 0, r.stderr[-3000:]
   assert "xla" in r.stdout and "lowering for cpu" in r.stdout, r.stdout
+
+
+def test_readme_blocks_run_alone():
+  # a reader copies one block: it runs by itself, on the 8 CPU devices it asks for
+  blocks = [code for marker, code in _blocks("README.md") if not marker]
+  assert len(blocks) >= 2
+  for code in blocks:
+    r = _run(code + "\nassert jax.device_count() == 8\n", XLA_FLAGS="")
+    assert r.returncode == 0, f"{code[:200]}\n{r.stderr[-3000:]}"
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -102,8 +102,11 @@ def _normalize_axes(axis_name, who: str = "jaxll.all_reduce") -> tuple:
 def _check_axes_bound(axes: tuple, who: str = "jaxll.all_reduce") -> None:
   missing = [a for a in axes if not internals.axis_exists(a)]
   if missing:
+    bound = internals.bound_axis_names()
+    here = (f"the axes bound here are {', '.join(repr(a) for a in bound)}" if bound else
+            "no named axis is bound here")
     raise NameError(
-        f"{who}: unknown axis name {missing[0]!r}. Call it inside "
+        f"{who}: unknown axis name {missing[0]!r} ({here}). Call it inside "
         f"jax.shard_map (or jax.vmap/pmap with axis_name=...) over a mesh that "
         f"has that axis.")
 

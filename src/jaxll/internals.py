@@ -70,6 +70,11 @@ def axis_exists(name) -> bool:
   return _core.get_axis_env().axis_exists(name)
 
 
+def bound_axis_names() -> tuple:
+  """The named axes bound here (shard_map, vmap or pmap), innermost last."""
+  return tuple(_core.get_axis_env().axis_names())
+
+
 def insert_collective_pvary(axes: tuple, x):
   """``x`` made varying over ``axes``, as jax.lax's collectives do before they bind."""
   return _parallel.insert_collective_pvary(axes, x)

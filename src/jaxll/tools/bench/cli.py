@@ -48,10 +48,16 @@ from jaxll.tools.bench.units import DEFAULT_SIZES, QUICK_SIZES, format_size, par
 MODES = ("virtual", "local", "processes")
 
 
+def _prog() -> str:
+  """The name the benchmark was started by: the jaxll-bench script, or the module."""
+  name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+  return name if name.startswith("jaxll-bench") else "python -m jaxll.tools.bench"
+
+
 def build_parser() -> argparse.ArgumentParser:
   from jaxll import algorithms
   p = argparse.ArgumentParser(
-      prog="python -m jaxll.tools.bench", description=__doc__.split("\n\n")[0],
+      prog=_prog(), description=__doc__.split("\n\n")[0],
       formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--mode", choices=MODES, nargs="+", default=["virtual", "local"],
                  help="what to measure (default: virtual local)")
