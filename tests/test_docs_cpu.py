@@ -22,8 +22,8 @@ def _blocks(page):
 
 
 def _run(code, **env):
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8", **env)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=8", **env}
   return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
                         timeout=300, env=env)
 
