@@ -24,8 +24,9 @@ import jaxlib
 from jaxll import settings
 
 REINSTALL_HINT = (
-    "Reinstall jaxll in this environment (pip builds it against the oldest jaxlib it "
-    "supports), from the jaxll source tree:\n  pip install --force-reinstall --no-deps .")
+    "Reinstall jaxll in this environment (with build isolation, pip builds its runtime "
+    "layers for every supported jaxlib), from the jaxll source tree:\n"
+    "  pip install --force-reinstall --no-deps .")
 
 
 def installed_ffi_api() -> tuple[int, int] | None:
