@@ -125,6 +125,108 @@ def test_through_shard_map_on_one_gpu(algorithm):
   jaxll.check_errors()
 
 
+# Gathers along any dimension: (per-rank shape, axis, tiled). The pieces lie in
+# segments (one per index of the dimensions before the axis) that the kernel
+# writes in place; every segment here is a whole number of 16-byte units for
+# float32 and bfloat16 (the last dimension has 8 or 16 elements).
+GATHER_LAYOUTS = [((3, 5, 16), 0, True), ((3, 5, 16), 1, True), ((3, 5, 16), -1, True),
+                  ((3, 5, 16), 0, False), ((3, 5, 16), 1, False), ((3, 5, 16), 2, False),
+                  ((1, 7, 8), 1, True), ((2, 700, 16), 1, True), ((4, 9000, 8), -1, True)]
+
+
+def _gathered(x, axis, tiled):
+  """numpy's all_gather of the per-rank inputs x[r] (every rank's result alike)."""
+  return np.concatenate(list(x), axis=axis) if tiled else np.stack(list(x), axis=axis)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_all_gather_along_any_dimension(n, dtype, algorithm):
+  for i, (shape, axis, tiled) in enumerate(GATHER_LAYOUTS):
+    x = _random((n, *shape), dtype, seed=300 * n + i)
+    got = jt.virtual_all_gather(x, axis=axis, tiled=tiled, algorithm=algorithm)
+    want = _gathered(x, axis, tiled)
+    assert got.shape == (n, *want.shape), (shape, axis, tiled)
+    for r in range(n):
+      np.testing.assert_array_equal(_bits(got[r]), _bits(want),
+                                    err_msg=f"rank {r}, {shape} axis {axis} tiled {tiled}")
+  jaxll.check_errors()
+
+
+def _scatter_by_rows(x, dim, tiled, algorithm):
+  """The reduce-scatter along `dim` computed by the dimension-0 kernel on the
+  same elements moved to the front: the reference a strided scatter must equal
+  bit for bit (the same sums, in the same rank order)."""
+  moved = np.moveaxis(x, 1 + dim, 1)
+  y = jt.virtual_psum_scatter(np.ascontiguousarray(moved), scatter_dimension=0, tiled=tiled,
+                              algorithm=algorithm)
+  return np.moveaxis(y, 1, 1 + dim) if tiled else y
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_psum_scatter_along_any_dimension(n, dtype, algorithm):
+  # (per-rank shape as a function of n, dimension, tiled)
+  layouts = [(lambda n: (3, 2 * n, 16), 1, True), (lambda n: (3, 5, 16 * n), -1, True),
+             (lambda n: (3, n, 16), 1, False), (lambda n: (2, 5, n, 8), 2, False),
+             (lambda n: (2 * n, 5, 8), 0, True), (lambda n: (2, 300 * n, 16), 1, True)]
+  for i, (shape_of, dim, tiled) in enumerate(layouts):
+    x = _random((n, *shape_of(n)), dtype, seed=400 * n + i)
+    got = jt.virtual_psum_scatter(x, scatter_dimension=dim, tiled=tiled, algorithm=algorithm)
+    want = _scatter_by_rows(x, dim % (x.ndim - 1), tiled, algorithm)
+    assert got.shape == want.shape, (shape_of(n), dim, tiled)
+    np.testing.assert_array_equal(_bits(got), _bits(want),
+                                  err_msg=f"{shape_of(n)} dimension {dim} tiled {tiled}")
+    # and the float64 sum, piece by piece, within rounding
+    total = x.astype(np.float64).sum(0)
+    pieces = (np.split(total, n, axis=dim) if tiled else
+              [np.take(total, r, axis=dim) for r in range(n)])
+    tol = {"float32": 2e-6, "bfloat16": 1.6e-2}[np.dtype(dtype).name]
+    scale = np.abs(x.astype(np.float64)).sum(0).max()
+    for r in range(n):
+      assert np.abs(got[r].astype(np.float64) - pieces[r]).max() <= tol * scale
+  jaxll.check_errors()
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("n", [2, 8])
+def test_gather_gradient_is_the_scatter_along_its_dimension(n, algorithm):
+  # autodiff's transpose of a gather along `axis` is the reduce-scatter along
+  # the same dimension: the scatter kernel applied to cotangents shaped like
+  # the gathered result gives back, on rank r, the sum of every rank's
+  # cotangent at r's piece (jax.vjp of the gather, on the host, for reference)
+  import jax
+  for i, (shape, axis, tiled) in enumerate(GATHER_LAYOUTS[:6]):
+    x = _random((n, *shape), np.float32, seed=500 * n + i)
+    ct = _random((n, *_gathered(x, axis, tiled).shape), np.float32, seed=600 * n + i)
+    got = jt.virtual_psum_scatter(ct, scatter_dimension=axis, tiled=tiled, algorithm=algorithm)
+    cpu = jax.devices("cpu")[0]
+    total = jax.device_put(ct.astype(np.float64).sum(0).astype(np.float32), cpu)
+    _, vjp = jax.vjp(lambda *pieces: jnp.asarray(_gathered_jnp(pieces, axis, tiled)),
+                     *[jax.device_put(p, cpu) for p in x])
+    want = vjp(total)
+    for r in range(n):
+      np.testing.assert_allclose(got[r], np.asarray(want[r]), rtol=2e-5, atol=2e-5,
+                                 err_msg=f"rank {r}, {shape} axis {axis} tiled {tiled}")
+  jaxll.check_errors()
+
+
+def _gathered_jnp(pieces, axis, tiled):
+  return jnp.concatenate(pieces, axis=axis) if tiled else jnp.stack(pieces, axis=axis)
+
+
+@pytest.mark.parametrize("algorithm,dtype,shape,axis", [
+    ("oneshot_ll", np.float32, (3, 5), -1),         # 4-byte segments: less than LL16's unit
+    ("oneshot_sentinel", np.float32, (3, 6), -1),   # 24 bytes: not whole 16-byte units
+    ("oneshot_barrier", jnp.bfloat16, (3, 12), 1)])
+def test_segments_that_do_not_fit_are_refused(algorithm, dtype, shape, axis):
+  x = _random((2, *shape), dtype, seed=1)
+  with pytest.raises(ValueError, match="not a multiple of"):
+    jt.virtual_all_gather(x, axis=axis, tiled=True, algorithm=algorithm)
+
+
 @pytest.mark.parametrize("fn", [jt.virtual_all_gather, jt.virtual_psum_scatter])
 def test_sentinel_refuses_int32(fn):
   x = np.ones((2, 2, 8) if fn is jt.virtual_psum_scatter else (2, 8), np.int32)

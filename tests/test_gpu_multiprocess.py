@@ -66,6 +66,21 @@ def test_free_workspaces_and_build_again_through_processes(mps):
   print(f"\nworkspaces per round: {workers[0].result['workspaces']}")
 
 
+@pytest.mark.parametrize("n", [2, 4])
+def test_gather_and_scatter_along_any_dimension_through_processes(n, mps):
+  # jaxll.all_gather / psum_scatter along dimensions 0, 1 and last, tiled and
+  # untiled, float32 and bfloat16, with their gradients, on every kernel and
+  # auto (tests/mp_scripts/gather_scatter_dims_check.py): every call on a
+  # kernel; gathers bitwise jax.lax's, scatters bitwise the all-reduce's piece.
+  script = os.path.join(os.path.dirname(CHECKS), "gather_scatter_dims_check.py")
+  workers = launch.run(script, n, timeout=TIMEOUT, env=ENV, mps=mps, devices=["0"] * n)
+  for w in workers:
+    assert not w.result["errors"], (w.process_id, w.result["errors"])
+    assert w.result["cases"] == 8  # 4 algorithms x 2 dtypes
+  print(f"\nN={n}: auto's sites (op, dimension, kernel): "
+        f"{workers[0].result['sites']['auto/bfloat16']}")
+
+
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_fused_all_reduce_rmsnorm_through_processes(n, mps):
   # jaxll.all_reduce_rmsnorm(algorithm="fused") against the composition over

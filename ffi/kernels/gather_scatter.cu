@@ -14,6 +14,12 @@
 //                   reduces the N contributions to its own piece in rank order
 //                   0..N-1 (the order jaxll.all_reduce uses).
 //
+// Along a dimension other than the first, the pieces interleave: the gathered
+// result (the scattered input) holds piece r as `count / segment` segments of
+// `segment` elements, segment s of piece r at (s * nranks + r) * segment. The
+// kernels address those segments in place (Pieces below); the host makes sure
+// a segment is a whole number of transfer units, so no unit straddles two.
+//
 // Protocols: LL16 (data and flag in one 16-byte store, barrier-free), sentinel
 // (data at full width into scratch that holds the pattern until written; the
 // reader writes the pattern back; barrier-free; floating-point types only) and
@@ -22,6 +28,7 @@
 // one piece (plan_all_reduce with count = piece elements): in every round each
 // rank sends to each peer, so parity reuse stays safe (call_args.cuh).
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/all_reduce.h"
 #include "kernels/call_args.cuh"
@@ -31,11 +38,58 @@
 namespace jaxll {
 namespace {
 
-// Poisons this block's units of every piece of `y` (n pieces of `count`).
+struct GatherScatterArgs {
+  AllReduceArgs base;
+  int64_t segment;  // elements of one segment of a piece (count: one segment)
+};
+
+// Where the units of each piece lie in a message of n interleaved pieces:
+// unit u of piece r is unit `u % seg_units` of the segment that starts at
+// element ((u / seg_units) * n + r) * segment.
 template <class T, int W>
-__device__ __forceinline__ void poison_pieces(T* y, int n, const BlockShare& share,
-                                              int64_t count, bool vec) {
-  for (int s = 0; s < n; ++s) poison_units<T, W>(y + s * count, share.u0, share.u1, count, vec);
+struct Pieces {
+  T* base;
+  int64_t segment, seg_units;
+  int n;
+  bool whole;  // one segment per piece (no division)
+
+  __device__ __forceinline__ Pieces(T* b, int64_t count, int64_t seg, int nranks)
+      : base(b), segment(seg), seg_units(seg * static_cast<int64_t>(sizeof(T)) / W), n(nranks),
+        whole(seg == count) {}
+
+  // The segment of piece r holding unit u, and u's index in it.
+  __device__ __forceinline__ T* at(int r, int64_t u, int64_t* unit_in_segment) const {
+    if (whole) {
+      *unit_in_segment = u;
+      return base + r * segment;
+    }
+    const int64_t s = u / seg_units;
+    *unit_in_segment = u - s * seg_units;
+    return base + (s * n + r) * segment;
+  }
+  __device__ __forceinline__ Unit<W> load(int r, int64_t u, bool vec) const {
+    int64_t k;
+    const T* p = at(r, u, &k);
+    return load_unit<std::remove_const_t<T>, W>(p, k, segment, vec);
+  }
+  __device__ __forceinline__ void store(int r, int64_t u, bool vec, const Unit<W>& v) const {
+    int64_t k;
+    T* p = at(r, u, &k);
+    store_unit<T, W>(p, k, segment, vec, v);
+  }
+  // Poisons this block's units of every piece.
+  __device__ __forceinline__ void poison(const BlockShare& share, bool vec) const {
+    for (int r = 0; r < n; ++r)
+      for (int64_t u = share.u0 + threadIdx.x; u < share.u1; u += blockDim.x)
+        store(r, u, vec, poison_unit<W>());
+  }
+};
+
+// Whether segments of `p` take whole-unit vector accesses.
+template <class T, int W>
+__device__ __forceinline__ bool vector_pieces(const Pieces<T, W>& p) {
+  return reinterpret_cast<uintptr_t>(p.base) % W == 0 &&
+         (p.segment * static_cast<int64_t>(sizeof(T))) % W == 0;
 }
 
 // Round r of this block: its epoch, scratch parity and units [r0, r0 + len).
@@ -72,29 +126,27 @@ __device__ __forceinline__ void round_sent(const RankView& v, const RoundPlace& 
 }
 
 template <Proto P, class T>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) gather_kernel(AllReduceArgs a) {
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
+    gather_kernel(GatherScatterArgs g) {
   constexpr int W = unit_bytes<P>();
+  const AllReduceArgs& a = g.base;
   const RankView& v = a.view;
   const int rank = v.rank;
   const int n = v.nranks;
   const T* x = static_cast<const T*>(a.in);
-  T* y = static_cast<T*>(a.out);
-  // (pieces of y start `count` elements apart: whole units only if that is a
-  // multiple of the unit)
+  const Pieces<T, W> y(static_cast<T*>(a.out), a.count, g.segment, n);
   const bool vx = reinterpret_cast<uintptr_t>(x) % W == 0;
-  const bool vy = reinterpret_cast<uintptr_t>(y) % W == 0 &&
-                  (a.count * static_cast<int64_t>(sizeof(T))) % W == 0;
+  const bool vy = vector_pieces(y);
   const BlockShare share = block_share(a);
   collective_prologue(a);
   const BlockStart bs = block_begin(v, share.rounds);
   if (bs.had_error) {
-    poison_pieces<T, W>(y, n, share, a.count, vy);
+    y.poison(share, vy);
     return;
   }
   const int sig_lane = !v.signatures || n == 1 ? 0 : signature_lane(n);
   send_signature(a, sig_lane, n, bs);
   bool ok = signature_ok(a, sig_lane, n, bs);
-  T* own_piece = y + rank * a.count;
   for (uint32_t r = 0; r < share.rounds; ++r) {
     const RoundPlace p = round_place(a, share, bs, r);
     const int64_t r0 = p.r0;
@@ -104,35 +156,39 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) gather_kernel(
     for (int i = threadIdx.x; i < len; i += blockDim.x) {
       const Unit<W> u = load_unit<T, W>(x, r0 + i, a.count, vx);
       send_to_peers<0>(ch, n, i, ch.prepare(u));
-      store_unit<T, W>(own_piece, r0 + i, a.count, vy, u);
+      y.store(rank, r0 + i, vy, u);
     }
     round_sent<P>(v, p, &ok);
     for (int i = threadIdx.x; i < len; i += blockDim.x) {
+      int64_t k_unit;  // (every peer's unit i lies at the same place of its segment)
+      T* const seg0 = y.at(0, r0 + i, &k_unit);
       for (int k = 1; k < n; ++k) {
         const int src = peer_at(rank, k, n);
         Unit<W> u;
         if (ok) ok = channel_recv<P, T, W>(ch, src, i, &u);
-        store_unit<T, W>(y + src * a.count, r0 + i, a.count, vy, ok ? u : poison_unit<W>());
+        store_unit<T, W>(seg0 + src * y.segment, k_unit, y.segment, vy,
+                         ok ? u : poison_unit<W>());
       }
     }
     if (r + 1 < share.rounds && round_boundary(ok)) {
-      poison_pieces<T, W>(y, n, share, a.count, vy);  // earlier rounds too
+      y.poison(share, vy);  // earlier rounds too
       return;
     }
   }
-  if (n != 1 && block_failed(ok)) poison_pieces<T, W>(y, n, share, a.count, vy);
+  if (n != 1 && block_failed(ok)) y.poison(share, vy);
 }
 
 template <Proto P, class T>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) scatter_kernel(AllReduceArgs a) {
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
+    scatter_kernel(GatherScatterArgs g) {
   constexpr int W = unit_bytes<P>();
+  const AllReduceArgs& a = g.base;
   const RankView& v = a.view;
   const int rank = v.rank;
   const int n = v.nranks;
-  const T* x = static_cast<const T*>(a.in);
+  const Pieces<const T, W> x(static_cast<const T*>(a.in), a.count, g.segment, n);
   T* y = static_cast<T*>(a.out);
-  const bool vx = reinterpret_cast<uintptr_t>(x) % W == 0 &&
-                  (a.count * static_cast<int64_t>(sizeof(T))) % W == 0;
+  const bool vx = vector_pieces(x);
   const bool vy = reinterpret_cast<uintptr_t>(y) % W == 0;
   const BlockShare share = block_share(a);
   collective_prologue(a);
@@ -144,7 +200,6 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) scatter_kernel
   const int sig_lane = !v.signatures || n == 1 ? 0 : signature_lane(n);
   send_signature(a, sig_lane, n, bs);
   bool ok = signature_ok(a, sig_lane, n, bs);
-  const T* own_piece = x + rank * a.count;
   for (uint32_t r = 0; r < share.rounds; ++r) {
     const RoundPlace p = round_place(a, share, bs, r);
     const int64_t r0 = p.r0;
@@ -153,14 +208,16 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM) scatter_kernel
     round_start<P>(v, p, &ok);
     // piece j of this rank's input goes to rank j, next rank first
     for (int i = threadIdx.x; i < len; i += blockDim.x) {
+      int64_t k_unit;  // (every piece's unit i lies at the same place of its segment)
+      const T* const seg0 = x.at(0, r0 + i, &k_unit);
       for (int k = 1; k < n; ++k) {
         const int dst = peer_at(rank, k, n);
-        ch.send(dst, i, ch.prepare(load_unit<T, W>(x + dst * a.count, r0 + i, a.count, vx)));
+        ch.send(dst, i, ch.prepare(load_unit<T, W>(seg0 + dst * x.segment, k_unit, x.segment, vx)));
       }
     }
     round_sent<P>(v, p, &ok);
     for (int i = threadIdx.x; i < len; i += blockDim.x) {
-      const Unit<W> own = ch.prepare(load_unit<T, W>(own_piece, r0 + i, a.count, vx));
+      const Unit<W> own = ch.prepare(x.load(rank, r0 + i, vx));
       Unit<W> res;
       if (ok) ok = reduce_slot<0, P, T, SumOp, W>(ch, n, i, own, &res);
       store_unit<T, W>(y, r0 + i, a.count, vy, ok ? res : poison_unit<W>());
@@ -243,19 +300,33 @@ bool has_gather_scatter_kernel(Collective c, Algorithm algorithm, DType dtype) {
 }
 
 Status launch_gather_scatter(Collective c, Algorithm algorithm, DType dtype, const RankView& view,
-                             const void* in, void* out, int64_t count, cudaStream_t stream) {
+                             const void* in, void* out, int64_t count, int64_t segment,
+                             cudaStream_t stream) {
   const void* fn = kernel_for(c, algorithm, dtype);
   if (fn == nullptr) return Status::NoKernel();
+  if (!segments_fit(algorithm, dtype, count, segment)) return Status::NoPlan();
   const LaunchPlan plan = plan_all_reduce(algorithm, count, dtype_bytes(dtype), view.nranks,
                                           view.geo, view.max_blocks, view.signatures != 0);
   if (plan.blocks == 0) return Status::NoPlan();
   const bool pdl = launches_early(view, plan.blocks);
-  AllReduceArgs args{view, in, out, count, plan.units, plan.span, plan.round_units,
-                     static_cast<uint32_t>(plan.rounds), static_cast<uint32_t>(plan.last_rounds),
-                     pdl ? 1 : 0,
-                     encode_signature(static_cast<uint32_t>(c), static_cast<uint32_t>(algorithm),
-                                      static_cast<uint32_t>(dtype), 0, count)};
+  // (a call's segment is part of what its peers must agree on: folded into the
+  // signature's reduction field, which these collectives do not use)
+  const uint32_t layout = segment == count ? 0 : 1 + static_cast<uint32_t>(segment % 15);
+  GatherScatterArgs args{
+      {view, in, out, count, plan.units, plan.span, plan.round_units,
+       static_cast<uint32_t>(plan.rounds), static_cast<uint32_t>(plan.last_rounds), pdl ? 1 : 0,
+       encode_signature(static_cast<uint32_t>(c), static_cast<uint32_t>(algorithm),
+                        static_cast<uint32_t>(dtype), layout, count)},
+      segment};
   return launch_collective(fn, plan.blocks, plan.threads, pdl, &args, stream);
+}
+
+bool segments_fit(Algorithm algorithm, DType dtype, int64_t count, int64_t segment) {
+  if (segment <= 0 || segment > count || count % segment != 0) return false;
+  if (segment == count) return true;
+  const int unit = algorithm == Algorithm::kOneShotLL ? unit_bytes<Proto::kLL>()
+                                                      : unit_bytes<Proto::kBarrier>();
+  return (segment * dtype_bytes(dtype)) % unit == 0;
 }
 
 std::vector<const void*> gather_scatter_kernel_functions() {

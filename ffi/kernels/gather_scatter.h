@@ -3,7 +3,10 @@
 // (kOneShotSentinel) or the barrier baseline (kOneShotBarrier). `count` is the
 // elements of one piece: all-gather takes `count` and writes nranks x `count`
 // (rank r's piece at r x count); reduce-scatter takes nranks x `count` and
-// writes `count` (this rank's piece of the sum, added in rank order).
+// writes `count` (this rank's piece of the sum, added in rank order). A piece
+// lies in the gathered output (the scattered input) as count / `segment`
+// segments of `segment` elements, nranks segments apart (segment = count:
+// pieces back to back, a gather or scatter along dimension 0).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,9 +21,15 @@
 namespace jaxll {
 
 bool has_gather_scatter_kernel(Collective c, Algorithm algorithm, DType dtype);
-// NoKernel: no kernel for the combination; NoPlan: nothing to launch.
+// NoKernel: no kernel for the combination; NoPlan: nothing to launch, or
+// segments that do not fit (segments_fit).
 Status launch_gather_scatter(Collective c, Algorithm algorithm, DType dtype, const RankView& view,
-                             const void* in, void* out, int64_t count, cudaStream_t stream);
+                             const void* in, void* out, int64_t count, int64_t segment,
+                             cudaStream_t stream);
+// Whether `algorithm` moves pieces of `count` elements cut into segments of
+// `segment`: segment divides count, and is count or a whole number of the
+// protocol's transfer units (8 bytes for LL16, 16 for the others).
+bool segments_fit(Algorithm algorithm, DType dtype, int64_t count, int64_t segment);
 std::vector<const void*> gather_scatter_kernel_functions();
 
 }  // namespace jaxll

@@ -20,12 +20,14 @@ namespace {
 
 // All-gather (collective 2) or reduce-scatter (3) over the workspace's group,
 // pieces of `count` = the output's (gather: input's) element count over the
-// group size; x and y of one element type; `order` and `uses_pdl` as for
-// jaxll_all_reduce. Command-buffer compatible.
+// group size, cut into segments of `segment` elements (gather_scatter.h); x and
+// y of one element type; `order` and `uses_pdl` as for jaxll_all_reduce.
+// Command-buffer compatible.
 ffi::Error GatherScatterExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
                                 ffi::AnyBuffer /*order*/, ffi::Result<ffi::AnyBuffer> y,
                                 ffi::Result<ffi::AnyBuffer> /*order_out*/, int64_t workspace_id,
-                                int64_t collective, int64_t algorithm, bool uses_pdl) {
+                                int64_t collective, int64_t algorithm, int64_t segment,
+                                bool uses_pdl) {
   const WorkspaceRef hold(workspace_id);
   Workspace* c = nullptr;
   Rank* r = nullptr;
@@ -48,10 +50,16 @@ ffi::Error GatherScatterExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBu
                                        " its input's elements, of its type");
   }
   if (count == 0) return ffi::Error::Success();
+  if (!segments_fit(static_cast<Algorithm>(algorithm), dtype, count, segment)) {
+    return ffi::Error::InvalidArgument(
+        "jaxll: " + name + " pieces of " + std::to_string(count) + " elements cannot be cut " +
+        "into segments of " + std::to_string(segment) + " for this algorithm (a segment must " +
+        "divide the piece and be whole transfer units)");
+  }
   if (ffi::Error e = use_device(ordinal); e.failure()) return e;
   const Status s = launch_gather_scatter(kind, static_cast<Algorithm>(algorithm), dtype,
-                                         call_view(*r, uses_pdl),
-                                         x.untyped_data(), y->untyped_data(), count, stream);
+                                         call_view(*r, uses_pdl), x.untyped_data(),
+                                         y->untyped_data(), count, segment, stream);
   return status_error(s, "a " + name + " of pieces of " + std::to_string(count) + " elements",
                       workspace_id);
 }
@@ -65,6 +73,7 @@ ffi::Error GatherScatterExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBu
   .Attr<int64_t>("workspace")         \
   .Attr<int64_t>("collective")        \
   .Attr<int64_t>("algorithm")         \
+  .Attr<int64_t>("segment")           \
   .Attr<bool>("uses_pdl")
 
 XLA_FFI_DEFINE_HANDLER(kGatherScatterHandler, GatherScatterExecute,
@@ -77,10 +86,11 @@ XLA_FFI_DEFINE_HANDLER(kGatherScatterHandler, GatherScatterExecute,
 ffi::Error GatherScatterRecord(RecordContext ctx, int32_t ordinal, ffi::AnyBuffer x,
                                ffi::AnyBuffer order, ffi::Result<ffi::AnyBuffer> y,
                                ffi::Result<ffi::AnyBuffer> order_out, int64_t workspace_id,
-                               int64_t collective, int64_t algorithm, bool uses_pdl) {
+                               int64_t collective, int64_t algorithm, int64_t segment,
+                               bool uses_pdl) {
   return record_call(ctx, [&](cudaStream_t stream) {
     return GatherScatterExecute(stream, ordinal, x, order, y, order_out, workspace_id, collective,
-                                algorithm, uses_pdl);
+                                algorithm, segment, uses_pdl);
   });
 }
 

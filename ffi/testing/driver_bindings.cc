@@ -109,7 +109,7 @@ void bind_checks(nb::module_& m) {
         "and the first recorded error; rank `absent` (>= 0) makes no call; rank `late` (>= 0) "
         "queues its call after the others, behind a delay kernel of `delay_us`.");
   m.def("virtual_gather_scatter", [](int64_t id, int collective, int algorithm, int dtype,
-                                     nb::bytes x, int64_t count) {
+                                     nb::bytes x, int64_t count, int64_t segment) {
     VirtualGroup& g = group_of(id);
     const std::string xs = as_string(x);
     GatherScatterResult out;
@@ -117,10 +117,10 @@ void bind_checks(nb::module_& m) {
       nb::gil_scoped_release release;
       out = virtual_gather_scatter(g, static_cast<Collective>(collective),
                                    static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
-                                   xs, count);
+                                   xs, count, segment);
     }
     return nb::make_tuple(as_bytes(out.y), out.error);
-  }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "x"_a, "count"_a);
+  }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "x"_a, "count"_a, "segment"_a = 0);
   m.def("set_epochs", [](int64_t id, uint64_t epoch) {
     VirtualGroup& g = group_of(id);
     nb::gil_scoped_release release;
@@ -147,13 +147,14 @@ void bind_timing(nb::module_& m) {
   }, "id"_a, "dtype"_a, "tokens"_a, "hidden"_a, "iters"_a, "reps"_a, "protocol"_a = 1,
         "one_launch"_a = false);
   m.def("virtual_gather_scatter_bench", [](int64_t id, int collective, int algorithm, int dtype,
-                                           int64_t count, int iters, int reps) {
+                                           int64_t count, int iters, int reps, int64_t segment) {
     VirtualGroup& g = group_of(id);
     nb::gil_scoped_release release;
     return virtual_gather_scatter_bench(g, static_cast<Collective>(collective),
                                         static_cast<Algorithm>(algorithm),
-                                        static_cast<DType>(dtype), count, iters, reps);
-  }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "count"_a, "iters"_a, "reps"_a);
+                                        static_cast<DType>(dtype), count, segment, iters, reps);
+  }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "count"_a, "iters"_a, "reps"_a,
+        "segment"_a = 0);
   m.def("virtual_floor", [](int64_t id, int iters, int reps, bool one_launch) {
     VirtualGroup& g = group_of(id);
     nb::gil_scoped_release release;

@@ -161,7 +161,8 @@ RmsNormResult virtual_rmsnorm(VirtualGroup& g, DType dtype, const std::string& x
 }
 
 GatherScatterResult virtual_gather_scatter(VirtualGroup& g, Collective c, Algorithm algorithm,
-                                           DType dtype, const std::string& x, int64_t count) {
+                                           DType dtype, const std::string& x, int64_t count,
+                                           int64_t segment) {
   if (c != Collective::kAllGather && c != Collective::kReduceScatter) {
     throw std::runtime_error("virtual_gather_scatter: the collective must be all_gather or psum_scatter");
   }
@@ -176,6 +177,12 @@ GatherScatterResult virtual_gather_scatter(VirtualGroup& g, Collective c, Algori
   if (count <= 0 || x.size() != in_bytes * n) {
     throw std::runtime_error("virtual_gather_scatter: x must hold every rank's input back to back");
   }
+  if (segment == 0) segment = count;
+  if (!segments_fit(algorithm, dtype, count, segment)) {
+    throw std::runtime_error("virtual_gather_scatter: segments of " + std::to_string(segment) +
+                             " elements do not fit pieces of " + std::to_string(count) +
+                             " for this algorithm");
+  }
   DeviceGuard guard(g.ordinal());
   g.refresh();  // (the views: calls on a workspace in error poison, and say so at the end)
   DeviceBuffers bufs;
@@ -186,7 +193,7 @@ GatherScatterResult virtual_gather_scatter(VirtualGroup& g, Collective c, Algori
   check_cuda(cudaDeviceSynchronize(), "preparing the calls");
   for (int r = 0; r < n; ++r) {
     check_status(launch_gather_scatter(c, algorithm, dtype, g.rank(r).view, dx + r * in_bytes,
-                                       dy + r * out_bytes, count, g.rank(r).stream),
+                                       dy + r * out_bytes, count, segment, g.rank(r).stream),
                  "launching a gather/scatter");
   }
   g.sync();

@@ -74,12 +74,14 @@ RmsNormResult virtual_rmsnorm(VirtualGroup& g, DType dtype, const std::string& x
 // One all-gather or reduce-scatter (pieces of `count` elements) on every rank
 // of `g`: x holds every rank's input back to back (all-gather: one piece each;
 // reduce-scatter: nranks pieces each); returns every rank's output back to
-// back and the first recorded error ("" if none). (virtual_calls.cu)
+// back and the first recorded error ("" if none). Pieces are cut into segments
+// of `segment` elements (gather_scatter.h; 0: one segment). (virtual_calls.cu)
 struct GatherScatterResult {
   std::string y, error;
 };
 GatherScatterResult virtual_gather_scatter(VirtualGroup& g, Collective c, Algorithm algorithm,
-                                           DType dtype, const std::string& x, int64_t count);
+                                           DType dtype, const std::string& x, int64_t count,
+                                           int64_t segment);
 
 // Kernel time of one call, in microseconds, once per repetition: a CUDA graph
 // holds `iters` consecutive calls on every rank's stream (no joins between
@@ -92,7 +94,8 @@ std::vector<double> virtual_rmsnorm_bench(VirtualGroup& g, DType dtype, int64_t 
                                           int64_t hidden, int iters, int reps,
                                           RmsNormProtocol protocol, bool one_launch);
 std::vector<double> virtual_gather_scatter_bench(VirtualGroup& g, Collective c, Algorithm algorithm,
-                                                 DType dtype, int64_t count, int iters, int reps);
+                                                 DType dtype, int64_t count, int64_t segment,
+                                                 int iters, int reps);
 // The same graph with an empty kernel per rank and call (`one_launch`: one
 // empty kernel per call): the graph-node floor.
 std::vector<double> virtual_floor(VirtualGroup& g, int iters, int reps, bool one_launch);

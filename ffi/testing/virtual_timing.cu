@@ -167,10 +167,16 @@ std::vector<double> virtual_rmsnorm_bench(VirtualGroup& g, DType dtype, int64_t 
 }
 
 std::vector<double> virtual_gather_scatter_bench(VirtualGroup& g, Collective c, Algorithm algorithm,
-                                                 DType dtype, int64_t count, int iters, int reps) {
+                                                 DType dtype, int64_t count, int64_t segment,
+                                                 int iters, int reps) {
   if (count <= 0 || iters <= 0 || reps <= 0) throw std::runtime_error("count, iters and reps must be positive");
   if (!has_gather_scatter_kernel(c, algorithm, dtype)) {
     throw std::runtime_error("virtual_gather_scatter_bench: no kernel for this collective, algorithm and dtype");
+  }
+  if (segment == 0) segment = count;
+  if (!segments_fit(algorithm, dtype, count, segment)) {
+    throw std::runtime_error("virtual_gather_scatter_bench: segments of " + std::to_string(segment) +
+                             " elements do not fit pieces of " + std::to_string(count));
   }
   DeviceGuard guard(g.ordinal());
   check_no_error(g);
@@ -187,7 +193,8 @@ std::vector<double> virtual_gather_scatter_bench(VirtualGroup& g, Collective c, 
   }
   check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
   return time_graph(g, iters, reps, false, [&](int r, cudaStream_t s) {
-    return launch_gather_scatter(c, algorithm, dtype, g.rank(r).view, in[r], out[r], count, s);
+    return launch_gather_scatter(c, algorithm, dtype, g.rank(r).view, in[r], out[r], count, segment,
+                                 s);
   });
 }
 

@@ -42,6 +42,7 @@ class CallSite:
   algorithm: str     # algorithm it lowered to ("xla" = XLA's own all-reduce)
   reason: str
   workspace: int     # workspace id (0 for xla)
+  dimension: int = -1  # the dimension gathered along or scattered (-1: an all-reduce)
 
   def encode(self) -> str:
     parts = []

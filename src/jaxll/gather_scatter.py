@@ -130,7 +130,8 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False, to: str = "v
       every device) or ``"reduced"`` (explicit sharding; ``x`` must vary).
     algorithm: ``"oneshot_ll"``, ``"oneshot_sentinel"`` or
       ``"oneshot_barrier"``: jaxll's kernel (float32, bfloat16, float16,
-      int32, sentinel not int32; ``axis=0``; raises
+      int32, sentinel not int32; pieces in segments of whole transfer
+      units, module docstring; raises
       AlgorithmUnavailableError where it cannot serve); ``"auto"``: the LL16
       or sentinel kernel (as measured faster) where one serves and the
       gathered result is at most the auto crossover, else XLA's all-gather
@@ -178,7 +179,8 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Fals
     tiled: keep (True) or remove (False) the scattered dimension.
     algorithm: ``"oneshot_ll"``, ``"oneshot_sentinel"`` or
       ``"oneshot_barrier"``: jaxll's kernel (float32, bfloat16, float16,
-      int32, sentinel not int32; ``scatter_dimension=0``; the sum
+      int32, sentinel not int32; pieces in segments of whole transfer
+      units, module docstring; the sum
       in rank order, as jaxll.all_reduce; raises AlgorithmUnavailableError
       where it cannot serve); ``"auto"``: the LL16 or sentinel kernel (as
       measured faster) where one serves and ``x`` is at most the auto
@@ -354,26 +356,53 @@ batching.fancy_primitive_batchers[psum_scatter_p] = _scatter_batch
 
 # --- Lowering: jaxll's kernel or XLA's collective, recorded for explain --------------
 
-def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, str, str]:
+# Bytes per transfer unit of each kernel's protocol (ffi/include/jaxll/units.cuh).
+_UNIT_BYTES = {"oneshot_ll": 8, "oneshot_sentinel": 16, "oneshot_barrier": 16}
+
+
+def segment_of(op: str, shape, dim: int, group_size: int) -> int:
+  """Elements of one contiguous segment of a rank's piece: a gather along
+  `dim` (tiled, or stacked at `dim`) writes each rank's piece as
+  prod(shape[:dim]) segments of prod(shape[dim:]) elements, group_size
+  segments apart; a reduce-scatter along `dim` reads rank j's piece the same
+  way from its input. Along dimension 0 (or past leading dimensions of size 1)
+  a piece is one segment."""
+  inner = int(np.prod(shape[dim:], dtype=np.int64))
+  return inner if op == "all_gather" else inner // group_size
+
+
+def _unit_problem(algorithm: str, op: str, dim: int, segment: int, count: int,
+                  itemsize: int) -> str:
+  """Why `algorithm` cannot move pieces cut into segments of `segment`
+  elements (of `count` per piece), or "": a unit never straddles segments."""
+  unit = _UNIT_BYTES[algorithm]
+  if segment >= count or (segment * itemsize) % unit == 0:
+    return ""
+  return (f"{'gathering along' if op == 'all_gather' else 'scattering'} dimension {dim} moves "
+          f"segments of {segment * itemsize} B, not a multiple of {algorithm}'s "
+          f"{unit}-byte unit")
+
+
+def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int, segment: int,
+            count: int) -> tuple[int, str, str]:
   """(workspace id, kernel algorithm, reason): the kernel's workspace, or 0 for
-  XLA's collective."""
+  XLA's collective. `segment`: segment_of() the call; `count`: elements of a
+  piece."""
   if algorithm == "xla":
-    return 0, "xla", "algorithm='xla' requested"
+    return 0, "xla", sites.with_origin("algorithm='xla' requested", ctx, op, axes)
   if algorithm != "auto" and algorithm != algorithms.DETERMINISTIC:
     # (auto: workspace_for below says why, as before)
     reason = placement.disabled_reason(ctx, algorithm, op)
     if reason:
-      return 0, "xla", reason
+      return 0, "xla", sites.with_origin(reason, ctx, op, axes)
   aval = ctx.avals_in[0]
   problem = ""
   dtypes = _SENTINEL_DTYPES if algorithm == "oneshot_sentinel" else _KERNEL_DTYPES
   if np.dtype(aval.dtype).name not in dtypes:
     problem = f"no {op} kernel for {np.dtype(aval.dtype)}"
-  elif dim != 0:
-    problem = (f"the kernel {'gathers along axis' if op == 'all_gather' else 'scatters dimension'}"
-               f" 0 only, not {dim}")
   elif aval.size == 0:
     problem = "empty array"
+  itemsize = np.dtype(aval.dtype).itemsize
   if algorithm in ("auto", algorithms.DETERMINISTIC):
     # Deterministic mode: a reduce-scatter that no kernel serves raises (but
     # for a group of one device and an empty array: nothing is summed); an
@@ -388,45 +417,58 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int) -> tuple[int, s
     def xla(why: str):
       if strict and n != 1 and aval.size:
         raise AlgorithmUnavailableError(
-            f"jaxll.{op}(deterministic=True) cannot serve the call at {sites.site_of(ctx)} "
-            f"({aval.str_short()} over {axes}): {why}")
-      return 0, "xla", mode + why
+            f"jaxll.{op}(deterministic=True) cannot serve the call at "
+            f"{sites.call_text(ctx, op, axes)}: {why}")
+      return 0, "xla", sites.with_origin(mode + why, ctx, op, axes)
 
     if problem or unserved:
-      return xla(f"auto: {problem or unserved}")
-    kernel, reason = choice.gather_scatter_auto(op, n, int(aval.size) *
-                                                np.dtype(aval.dtype).itemsize, aval.dtype,
+      return xla(problem or unserved)
+    kernel, reason = choice.gather_scatter_auto(op, n, int(aval.size) * itemsize, aval.dtype,
                                                 deterministic=strict)
     if kernel == "xla":
       return xla(reason)
+    unfit = _unit_problem(kernel, op, dim, segment, count, itemsize)
+    if unfit and kernel != "oneshot_ll":
+      # (LL16's unit is the smallest: the next protocol to try)
+      if not _unit_problem("oneshot_ll", op, dim, segment, count, itemsize):
+        kernel, reason = "oneshot_ll", f"{reason}; but {unfit}: LL16"
+        unfit = ""
+    if unfit:
+      return xla(unfit)
     ws, _, problem = placement.workspace_for(ctx, axes)
-    return xla(f"auto: {problem}") if problem else (ws, kernel, mode + reason)
+    return xla(problem) if problem else (
+        ws, kernel, sites.with_origin(mode + reason, ctx, op, axes))
+  if not problem:
+    problem = _unit_problem(algorithm, op, dim, segment, count, itemsize)
   if not problem:
     ws, _, problem = placement.workspace_for(ctx, axes)
   if problem:
     raise AlgorithmUnavailableError(
-        f"jaxll.{op}(algorithm={algorithm!r}) cannot serve the call at {sites.site_of(ctx)} "
-        f"({aval.str_short()} over {axes}): {problem}")
-  return ws, algorithm, f"algorithm={algorithm!r} requested"
+        f"jaxll.{op}(algorithm={algorithm!r}) cannot serve the call at "
+        f"{sites.call_text(ctx, op, axes)}: {problem}")
+  return ws, algorithm, sites.with_origin(f"algorithm={algorithm!r} requested", ctx, op, axes)
 
 
 def _lower(ctx, x, prim, op: str, dim: int, axes: tuple, size: int, algorithm: str, params):
-  ws, kernel, reason = _decide(ctx, op, axes, algorithm, dim)
+  aval = ctx.avals_in[0]
+  segment = segment_of(op, aval.shape, dim, size)
+  count = int(aval.size) // (1 if op == "all_gather" else size)
+  ws, kernel, reason = _decide(ctx, op, axes, algorithm, dim, segment, count)
   if ws:
     out = ordering.emit_ordered_call(
         ctx, "jaxll_gather_scatter", [x], workspace=ws,
         collective=np.int64(algorithms.COLLECTIVE_CODES[op]),
-        algorithm=np.int64(algorithms.SPECS[kernel].code), uses_pdl=True)
+        algorithm=np.int64(algorithms.SPECS[kernel].code), segment=np.int64(segment),
+        uses_pdl=True)
   else:
     # (every typed form of the collective lowers to the same XLA op as this one)
     out = internals.xla_lowering(prim, placement.platforms(ctx))(
         ctx, x, axis_name=axes, axis_index_groups=None, axis_size=size, **params)
-  aval = ctx.avals_in[0]
   site = call_sites.CallSite(
       site=sites.site_of(ctx), axes=",".join(map(str, axes)), group_size=size,
       shape=str(tuple(aval.shape)), dtype=str(np.dtype(aval.dtype)),
       nbytes=int(aval.size) * np.dtype(aval.dtype).itemsize, op=op, requested=algorithm,
-      algorithm=kernel if ws else "xla", reason=reason, workspace=ws)
+      algorithm=kernel if ws else "xla", reason=reason, workspace=ws, dimension=dim)
   call_sites.tag(out, site)  # (jaxll.explain reads it back from the lowered text)
   call_sites.record(site)
   return out

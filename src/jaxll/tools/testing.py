@@ -271,45 +271,89 @@ def _check_gather_scatter_algorithm(algorithm: str) -> None:
     raise ValueError(f"algorithm must be one of {list(KERNEL_ALGORITHMS)}, got {algorithm!r}")
 
 
-def _gather_scatter(code, x, count, algorithm, device, config):
+def _gather_scatter(code, x, count, segment, algorithm, device, config):
   x = np.ascontiguousarray(x)
   dtype = np.dtype(x.dtype)
   if dtype.name not in algorithms.DTYPE_CODES:
     raise TypeError(f"no kernel for {dtype}")
   _check_gather_scatter_algorithm(algorithm)
+  from jaxll.gather_scatter import _unit_problem
+  op = "all_gather" if code == _ALL_GATHER else "psum_scatter"
+  problem = _unit_problem(algorithm, op, -1, segment, count, dtype.itemsize)
+  if problem:
+    raise ValueError(f"{algorithm} cannot serve this call: {problem}")
   ws = virtual_workspace(x.shape[0], device=device, config=config)
   y, error = _tools.virtual_gather_scatter(ws.id, code, algorithms.SPECS[algorithm].code,
                                         algorithms.DTYPE_CODES[dtype.name], x.tobytes(),
-                                        int(count))
+                                        int(count), int(segment))
   if error:
     raise RuntimeError(error)
   return np.frombuffer(y, dtype).copy()
 
 
-def virtual_all_gather(x, *, algorithm: str = "oneshot_ll", device=None,
-                       config: workspace.WorkspaceConfig | None = None):
-  """The all-gather kernel on N virtual ranks: ``x`` is ``(N, count)`` (row r is
-  rank r's piece; float32, bfloat16, float16 or int32). Returns ``(N, N,
-  count)``: every rank's gathered output. Raises RuntimeError with the
-  recorded error if a rank gave up."""
+def _dimension(dim: int, ndim: int, name: str) -> int:
+  if not -ndim <= dim < ndim:
+    raise ValueError(f"{name}: dimension {dim} is out of range for {ndim} dimensions")
+  return dim % ndim
+
+
+def virtual_all_gather(x, *, axis: int = 0, tiled: bool = False, algorithm: str = "oneshot_ll",
+                       device=None, config: workspace.WorkspaceConfig | None = None):
+  """The all-gather kernel on N virtual ranks: ``x[r]`` is rank r's input
+  (float32, bfloat16, float16 or int32), gathered as ``jax.lax.all_gather(
+  x[r], axis=axis, tiled=tiled)`` would. Returns every rank's result, stacked:
+  ``(N, *gathered shape)``; for ``x`` of shape ``(N, count)`` and the defaults,
+  ``(N, N, count)``. Raises RuntimeError with the recorded error if a rank gave
+  up, ValueError where the kernel cannot cut the pieces (gather_scatter.h)."""
+  from jaxll.gather_scatter import segment_of
   x = np.asarray(x)
-  if x.ndim != 2:
-    raise ValueError("virtual_all_gather needs x of shape (N, count)")
-  n, count = x.shape
-  return _gather_scatter(_ALL_GATHER, x, count, algorithm, device, config).reshape(n, n, count)
+  if x.ndim < 2:
+    raise ValueError("virtual_all_gather needs x of shape (N, ...) with at least one "
+                     "dimension per rank")
+  n, shape = x.shape[0], x.shape[1:]
+  dim = _dimension(axis, len(shape) if tiled else len(shape) + 1, "virtual_all_gather")
+  out = list(shape)
+  if tiled:
+    out[dim] *= n
+  else:
+    out.insert(dim, n)
+  count = int(np.prod(shape))
+  y = _gather_scatter(_ALL_GATHER, x, count, segment_of("all_gather", shape, dim, n),
+                      algorithm, device, config)
+  return y.reshape(n, *out)
 
 
-def virtual_psum_scatter(x, *, algorithm: str = "oneshot_ll", device=None,
+def virtual_psum_scatter(x, *, scatter_dimension: int = 0, tiled: bool = False,
+                         algorithm: str = "oneshot_ll", device=None,
                          config: workspace.WorkspaceConfig | None = None):
-  """The reduce-scatter kernel on N virtual ranks: ``x`` is ``(N, N, count)``
-  (``x[r, j]`` is rank r's contribution to piece j). Returns ``(N, count)``:
-  rank r's piece of the sum, added in rank order. Raises RuntimeError with the
-  recorded error if a rank gave up."""
+  """The reduce-scatter kernel on N virtual ranks: ``x[r]`` is rank r's input,
+  reduced and scattered as ``jax.lax.psum_scatter(x[r], scatter_dimension=,
+  tiled=)`` would, the sum added in rank order. Returns every rank's piece,
+  stacked: ``(N, *piece shape)``; for ``x`` of shape ``(N, N, count)`` and the
+  defaults, ``(N, count)``. Raises RuntimeError with the recorded error if a
+  rank gave up, ValueError where the kernel cannot cut the pieces."""
+  from jaxll.gather_scatter import segment_of
   x = np.asarray(x)
-  if x.ndim != 3 or x.shape[0] != x.shape[1]:
-    raise ValueError("virtual_psum_scatter needs x of shape (N, N, count)")
-  n, _, count = x.shape
-  return _gather_scatter(_REDUCE_SCATTER, x, count, algorithm, device, config).reshape(n, count)
+  if x.ndim < 2:
+    raise ValueError("virtual_psum_scatter needs x of shape (N, ...) with at least one "
+                     "dimension per rank")
+  n, shape = x.shape[0], x.shape[1:]
+  dim = _dimension(scatter_dimension, len(shape), "virtual_psum_scatter")
+  out = list(shape)
+  if tiled:
+    if out[dim] % n:
+      raise ValueError(f"virtual_psum_scatter: dimension {dim} of size {out[dim]} is not a "
+                       f"multiple of {n}")
+    out[dim] //= n
+  else:
+    if out[dim] != n:
+      raise ValueError(f"virtual_psum_scatter: dimension {dim} must have size {n}, "
+                       f"got {out[dim]}")
+    del out[dim]
+  count = int(np.prod(shape)) // n
+  y = _gather_scatter(_REDUCE_SCATTER, x, count, segment_of("psum_scatter", shape, dim, n),
+                      algorithm, device, config)
+  return y.reshape(n, *out)
 
 
 def stress(nranks: int, counts, *, dtype="float32", op: str = "sum",
@@ -428,12 +472,14 @@ def rmsnorm_kernel_time_us(nranks: int, tokens: int, hidden: int, *, dtype="bflo
 
 def gather_scatter_time_us(nranks: int, nbytes: int, *, collective: str = "all_gather",
                            dtype="float32", algorithm: str = "oneshot_ll", iters: int = 200,
-                           reps: int = 20, device=None,
+                           reps: int = 20, segment_bytes: int = 0, device=None,
                            config: workspace.WorkspaceConfig | None = None) -> list[float]:
   """Kernel time per all-gather or reduce-scatter call (``collective``
   "all_gather" or "psum_scatter"; µs, one value per repetition), pieces of
   ``nbytes`` per rank, measured as :func:`kernel_time_us` measures the
-  all-reduce (subtract :func:`graph_floor_us` for the kernel's own time)."""
+  all-reduce (subtract :func:`graph_floor_us` for the kernel's own time).
+  ``segment_bytes``: the pieces lie in segments of that many bytes, as along
+  a dimension past the first (0: one segment, as along dimension 0)."""
   codes = {"all_gather": _ALL_GATHER, "psum_scatter": _REDUCE_SCATTER}
   if collective not in codes:
     raise ValueError(f"collective must be all_gather or psum_scatter, got {collective!r}")
@@ -441,9 +487,10 @@ def gather_scatter_time_us(nranks: int, nbytes: int, *, collective: str = "all_g
   dtype = np.dtype(jax.numpy.dtype(dtype))
   ws = virtual_workspace(nranks, device=device, config=config)
   count = max(1, nbytes // dtype.itemsize)
+  segment = segment_bytes // dtype.itemsize
   return list(_tools.virtual_gather_scatter_bench(
       ws.id, codes[collective], algorithms.SPECS[algorithm].code,
-      algorithms.DTYPE_CODES[dtype.name], count, int(iters), int(reps)))
+      algorithms.DTYPE_CODES[dtype.name], count, int(iters), int(reps), segment=segment))
 
 
 def graph_floor_us(nranks: int, *, iters: int = 200, reps: int = 20, device=None,
