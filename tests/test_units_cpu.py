@@ -199,12 +199,33 @@ def test_error_word_roundtrip():
 def test_call_site_encoding_roundtrip():
   site = call_sites.CallSite(site='f.py:3 (g)', axes="dp,tp", group_size=4, shape="(2, 3)",
                           dtype="float32", nbytes=24, op="sum", requested="auto",
-                          algorithm="oneshot_ll", reason='a; b="c"', workspace=5)
+                          algorithm="oneshot_ll", reason='a; b="c" = 5% \\ d', workspace=5)
   back = call_sites.CallSite.decode(site.encode())
-  assert back.reason == "a, b:'c'"
-  assert back.nbytes == 24 and back.workspace == 5 and back.axes == "dp,tp"
+  assert back == site and back.reason == 'a; b="c" = 5% \\ d'
+  assert ";" not in site.encode().split("reason=")[1].split(";")[0]
   text = f'foo {{mhlo.frontend_attributes = {{jaxll_call = "{site.encode()}"}}}}'
-  assert call_sites.call_sites_in(text) == [back]
+  assert call_sites.call_sites_in(text) == [site]
+  # (readable in the lowered text: the printable characters but the escaped ones stay)
+  assert "site=f.py:3 (g);" in site.encode() and "reason=a%3B b%3D%22c%22 %3D 5%25 %5C d;" \
+      in site.encode(), site.encode()
+
+
+def test_call_site_encoding_keeps_every_string():
+  # any reason and site survive encode/decode exactly: separators, escapes,
+  # quotes, control characters, non-ASCII text (and lone surrogates)
+  rng = np.random.default_rng(0)
+  alphabet = list(';=%"\\\'\n\t\r\x00\x7f ,:<-()') + ["é", "—", "µs", "\U0001F600", "\ud800"]
+  alphabet += [chr(c) for c in range(0x20, 0x7f)]
+  for _ in range(300):
+    reason = "".join(rng.choice(alphabet, size=int(rng.integers(0, 40))))
+    site = "".join(rng.choice(alphabet, size=int(rng.integers(0, 12))))
+    cs = call_sites.CallSite(site=site, axes="tp", group_size=8, shape="(4,)", dtype="float32",
+                             nbytes=16, op="all_gather", requested="auto", algorithm="xla",
+                             reason=reason, workspace=0, dimension=1)
+    encoded = cs.encode()
+    assert all(0x20 <= ord(c) < 0x7f and c not in '"\\' for c in encoded), encoded
+    assert call_sites.CallSite.decode(encoded) == cs, (reason, encoded)
+    assert call_sites.call_sites_in(f'x {{jaxll_call = "{encoded}"}} y') == [cs]
 
 
 def test_config_validation_and_update():

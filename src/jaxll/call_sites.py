@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import re
 import threading
+import urllib.parse
 
 from jaxll import settings
 from jaxll.internals import ir
@@ -45,21 +46,32 @@ class CallSite:
   dimension: int = -1  # the dimension gathered along or scattered (-1: an all-reduce)
 
   def encode(self) -> str:
-    parts = []
-    for f in dataclasses.fields(self):
-      text = str(getattr(self, f.name))
-      text = text.replace(";", ",").replace("=", ":").replace('"', "'").replace("\\", "/")
-      parts.append(f"{f.name}={text}")
-    return ";".join(parts)
+    """The ``jaxll_call`` attribute's text: ``field=value`` for every field,
+    joined by ";", each value percent-encoded (see _escape) so that decode()
+    gives back exactly these strings."""
+    return ";".join(f"{f.name}={_escape(str(getattr(self, f.name)))}"
+                    for f in dataclasses.fields(self))
 
   @classmethod
   def decode(cls, text: str) -> "CallSite":
     values = dict(part.split("=", 1) for part in text.split(";"))
     kwargs = {}
     for f in dataclasses.fields(cls):
-      v = values.get(f.name, "")
+      if f.name not in values and f.default is not dataclasses.MISSING:
+        continue
+      v = urllib.parse.unquote(values.get(f.name, ""), errors="surrogatepass")
       kwargs[f.name] = int(v) if f.type in ("int", int) else v
     return cls(**kwargs)
+
+
+# Printable ASCII but the attribute's separators (";", "="), the escape ("%") and
+# what MLIR and HLO escape in a quoted string ('"', "\\") stays as it is, so that
+# the lowered text reads; everything else is percent-encoded (UTF-8).
+_SAFE = "".join(chr(c) for c in range(0x20, 0x7f) if chr(c) not in '%;="\\')
+
+
+def _escape(text: str) -> str:
+  return urllib.parse.quote(text, safe=_SAFE, errors="surrogatepass")
 
 
 ATTRIBUTE = "jaxll_call"
