@@ -261,12 +261,10 @@ def _xla_lowering(ctx, x, *, axes, op, unreduced):
   return internals.xla_lowering(prim, placement.platforms(ctx))(ctx, x, axes=axes, **params)
 
 
-def decide(ctx, aval, axes: tuple, op: str, requested: str,
-           check_vma: bool | None = None) -> Decision:
+def decide(ctx, aval, axes: tuple, op: str, requested: str) -> Decision:
   """Chooses the path of one call site; raises AlgorithmUnavailableError when a
   forced kernel cannot serve it (or, in deterministic mode, when no kernel can),
-  naming the call, and what it is where autodiff or check_vma wrote it
-  (`check_vma`: the operand's typing, see sites.origin)."""
+  naming the call, and what it is where autodiff or check_vma wrote it."""
   nbytes = int(aval.size) * np.dtype(aval.dtype).itemsize
   deterministic = requested == algorithms.DETERMINISTIC
 
@@ -275,7 +273,7 @@ def decide(ctx, aval, axes: tuple, op: str, requested: str,
       asked = "deterministic=True" if deterministic else f"algorithm={requested!r}"
       raise placement.AlgorithmUnavailableError(
           f"jaxll.all_reduce({asked}) cannot serve the call at "
-          f"{sites.call_text(ctx, op, axes, check_vma)}: {reason}")
+          f"{sites.call_text(ctx, op, axes)}: {reason}")
     return Decision(algorithms.XLA, reason, 0, group_size)
 
   mesh, groups = placement.mesh_groups(ctx, axes)
@@ -329,9 +327,9 @@ def emit_kernel_call(ctx, x, *, workspace: int, algorithm: str, op: str):
 
 def lower_all_reduce(ctx, x, *, axes, op, algorithm, check_vma, unreduced):
   """The lowering rule: the decision, then the kernel call or XLA's all-reduce, recorded."""
+  del check_vma
   aval = ctx.avals_in[0]
-  vma = None if unreduced else check_vma
-  decision = decide(ctx, aval, axes, op, algorithm, vma)
+  decision = decide(ctx, aval, axes, op, algorithm)
   if decision.algorithm == algorithms.XLA:
     results = _xla_lowering(ctx, x, axes=axes, op=op, unreduced=unreduced)
   else:
@@ -342,7 +340,7 @@ def lower_all_reduce(ctx, x, *, axes, op, algorithm, check_vma, unreduced):
       shape=str(tuple(aval.shape)), dtype=str(np.dtype(aval.dtype)),
       nbytes=int(aval.size) * np.dtype(aval.dtype).itemsize, op=op, requested=algorithm,
       algorithm=decision.algorithm,
-      reason=sites.with_origin(decision.reason, ctx, op, axes, vma),
+      reason=sites.with_origin(decision.reason, ctx, op, axes),
       workspace=decision.workspace)
   call_sites.tag(results, site)
   call_sites.record(site)

@@ -145,21 +145,29 @@ def _under_transpose(ctx) -> bool:
              for s in stacks for t in getattr(s, "stack", ()))
 
 
-def origin(ctx, op: str, axes: tuple, check_vma: bool | None = None, *,
-           there: bool = False) -> str:
+def _typed_varying(aval, axes: tuple) -> bool:
+  """Whether `aval` is typed as varying over `axes` (check_vma's typing: a
+  sum's operand is, under check_vma)."""
+  mat = getattr(aval, "mat", None)  # (jax 0.10 and later)
+  varying = mat.varying if mat is not None else getattr(aval, "vma", ())
+  return bool(axes) and set(axes) <= set(varying)
+
+
+def origin(ctx, op: str, axes: tuple, *, there: bool = False) -> str:
   """What the collective that `ctx` lowers is, where autodiff or check_vma wrote
   it, e.g. "autodiff's transpose of the jax.lax.all_gather at model.py:12
   (loss)"; "" for a call the user wrote (or one it cannot tell). `op`: "sum",
-  "max", "min", "all_gather", "psum_scatter" or "sum+rmsnorm"; `check_vma`:
-  whether the sum's operand is typed by check_vma (None: not known, or typed
-  unreduced). `there`: the site as "there", for a message that has just named it."""
+  "max", "min", "all_gather", "psum_scatter" or "sum+rmsnorm". `there`: the
+  site as "there", for a message that has just named it."""
   if _named_sites() or op not in ("sum", "all_gather", "psum_scatter"):
     return ""  # (a wrapper's site: the traceback is not the user's)
   site = site_of(ctx)
-  if there:
+  if site == "unknown":
+    at = written = ""
+  elif there:
     at, written = " there", " written there"
   else:
-    at = written = "" if site == "unknown" else f" at {site}"
+    at = written = f" at {site}"
   api, vjp = _called(ctx)
   kind = api.rsplit(".", 1)[-1] if api else None
   if kind in _TRANSPOSE_OF.get(op, ()):
@@ -170,34 +178,35 @@ def origin(ctx, op: str, axes: tuple, check_vma: bool | None = None, *,
   if op != "sum" or not (transposed or kind not in _SUMS | {None}):
     return ""
   over = ", ".join(repr(a) for a in axes)
+  check_vma = _typed_varying(ctx.avals_in[0], axes)
   grad = f"autodiff's reduction of the gradient of a value replicated over {over}"
   if kind in _CASTS:
     return f"{grad} (the transpose of the {api}{written})"
-  if kind in _SUMS and check_vma is False:  # (psum's transpose, without check_vma)
+  if kind in _SUMS and not check_vma:  # (psum's transpose, without check_vma)
     return f"autodiff's transpose of the {api}{written}"
   if kind is not None and check_vma:
     return f"{grad} (the pvary {api} inserts on a replicated operand{at})"
   if kind is None and check_vma:
     return f"{grad} (check_vma's implicit pvary where it meets a varying value{at})"
-  if kind is None and check_vma is False:
+  if kind is None:
     return (f"autodiff's reduction of the gradient of a shard_map input replicated over "
             f"{over} (check_vma=False){at}")
   return f"a collective autodiff wrote for the code{at}"
 
 
-def call_text(ctx, op: str, axes: tuple, check_vma: bool | None = None) -> str:
+def call_text(ctx, op: str, axes: tuple) -> str:
   """The call an error names: its site, operand and axes, and for a collective
   that autodiff or check_vma wrote, what it is: "model.py:12 (loss) (f32[64]
   over ('tp',)), autodiff's transpose of the jax.lax.all_gather written there"."""
   aval = ctx.avals_in[0]
   text = f"{site_of(ctx)} ({aval.str_short()} over {axes})"
-  what = origin(ctx, op, axes, check_vma, there=True)
+  what = origin(ctx, op, axes, there=True)
   return f"{text}, {what}" if what else text
 
 
-def with_origin(reason: str, ctx, op: str, axes: tuple, check_vma: bool | None = None) -> str:
+def with_origin(reason: str, ctx, op: str, axes: tuple) -> str:
   """A call site's `reason`, followed for a collective that autodiff or
   check_vma wrote by what it is ("...; this call is autodiff's transpose of
   the jax.lax.all_gather written there": the CallSite's site)."""
-  what = origin(ctx, op, axes, check_vma, there=True)
+  what = origin(ctx, op, axes, there=True)
   return f"{reason}; this call is {what}" if what else reason
