@@ -153,7 +153,7 @@ def choose_auto(group_size: int, nbytes: int, dtype: np.dtype, op: str,
                             if deterministic else "group of one device: XLA elides the all-reduce")
   limit = auto_max_bytes(group_size)
   if nbytes > limit and not deterministic:
-    return algorithms.XLA, f"{nbytes} bytes > auto crossover {limit} bytes"
+    return algorithms.XLA, f"{nbytes} bytes per rank > auto crossover {limit} bytes"
   problems = []
   for name in ranked_kernels(group_size, nbytes, dtype):
     if not algorithms.SPECS[name].auto:
@@ -192,23 +192,28 @@ def gather_scatter_auto(op: str, group_size: int, nbytes: int, dtype,
   kernel). With `deterministic`, a reduce-scatter takes a kernel at every size
   (an all-gather moves bits: every path gives the same, so it chooses as auto)."""
   if group_size == 1:
-    return algorithms.XLA, "auto: group of one device (a copy)"
+    collective = "all-gather" if op == "all_gather" else "reduce-scatter"
+    return algorithms.XLA, f"group of one device: XLA's {collective} is a copy"
   moved = nbytes * (group_size if op == "all_gather" else 1)
   limit = auto_max_bytes(group_size)
-  if moved > limit and not (deterministic and op != "all_gather"):
-    return algorithms.XLA, f"auto: {moved} bytes per rank > auto crossover {limit} bytes"
+  if moved <= limit:
+    within = f"{moved} bytes per rank <= auto crossover {limit} bytes"
+  elif deterministic and op != "all_gather":
+    within = f"{moved} bytes per rank, above auto's crossover {limit} bytes to XLA"
+  else:
+    return algorithms.XLA, f"{moved} bytes per rank > auto crossover {limit} bytes"
   dtype = np.dtype(dtype)
   piece = nbytes // (1 if op == "all_gather" else group_size)
-  within = f"{moved} bytes per rank <= auto crossover {limit} bytes"
   if dtype.name not in ("float32", "bfloat16", "float16"):
-    return algorithms.ONESHOT_LL, f"auto: {within}; LL16 (no sentinel kernel for {dtype.name})"
+    return algorithms.ONESHOT_LL, (f"gather_scatter table: LL16, the one kernel for "
+                                   f"{dtype.name} (no sentinel kernel); {within}")
   measured, start = sentinel_from(op, dtype.itemsize, group_size)
+  table = (f"gather_scatter table: fastest kernel for N={measured}, {dtype.itemsize}-byte "
+           f"elements, pieces of {piece} bytes")
   if start is not None and piece >= start:
-    return algorithms.ONESHOT_SENTINEL, (
-        f"auto: {within}; pieces of {piece} bytes >= {start}, where the sentinel kernel "
-        f"measured faster (N={measured}, {dtype.itemsize}-byte elements)")
-  return algorithms.ONESHOT_LL, (f"auto: {within}; LL16 measured faster for pieces of {piece} "
-                                 f"bytes (N={measured}, {dtype.itemsize}-byte elements)")
+    return algorithms.ONESHOT_SENTINEL, f"{table} (sentinel from {start}); {within}"
+  below = f"below {start}" if start is not None else "at every size"
+  return algorithms.ONESHOT_LL, f"{table} (LL16 {below}); {within}"
 
 
 # --- The fused all-reduce + RMSNorm -------------------------------------------------

@@ -347,21 +347,21 @@ def _choose_fused(ctx, aval, axes, requested,
     ws, group_size, reason, exchange, plan = _choose_fused(ctx, aval, axes, requested)
     if not ws:
       raise placement.AlgorithmUnavailableError(
-          f"{_WHO}(deterministic=True) cannot serve the call at {sites.site_of(ctx)} "
-          f"({aval.str_short()} over {axes}) on the fused kernel: {reason}")
+          f"{_WHO}(deterministic=True) cannot serve the call at "
+          f"{sites.call_text(ctx, 'sum+rmsnorm', axes)} on the fused kernel: {reason}")
     return ws, group_size, f"deterministic: {reason}", exchange, plan
   group_size = placement.group_size(ctx, axes)
   dtype = np.dtype(aval.dtype)
   nbytes = int(aval.size) * dtype.itemsize
   if requested == COMPOSED:
-    return 0, group_size, (f"auto under jax.vmap: more rows than any group's fused auto limit "
-                           f"({choice.fused_auto_ceiling()} B per rank)"), None, None
+    return 0, group_size, (f"under jax.vmap: more rows than any group's fused auto limit "
+                           f"({choice.fused_auto_ceiling()} bytes per rank)"), None, None
   if requested == "auto":
     # where jaxll.all_reduce's auto would leave the all-reduce to XLA (a group
     # of one, JAXLL_AUTO_MAX_BYTES), so does this, before building a workspace
     path, why = choice.choose_auto(group_size, nbytes, dtype, "sum")
     if path == algorithms.XLA:
-      return 0, group_size, f"auto: {why}", None, None
+      return 0, group_size, why, None, None
   ws, group_size, reason = placement.workspace_for(ctx, axes)
   hidden = aval.shape[-1] if aval.shape else 0
   if ws and dtype not in _FLOATS:
@@ -386,9 +386,9 @@ def _choose_fused(ctx, aval, axes, requested,
   limit = choice.fused_auto_max_bytes(group_size, plan["protocol"] == "sentinel", twoshot)
   kind = f"{'two-shot' if twoshot else 'one-shot'} {plan['protocol']}"
   if requested == "auto" and nbytes > limit:
-    return 0, group_size, (f"auto: {nbytes} B per rank, above the fused kernel's auto limit "
+    return 0, group_size, (f"{nbytes} bytes per rank > the fused kernel's auto limit "
                            f"{limit} for N={group_size} on its {kind} exchange "
-                           f"(jaxll/tuning/all_reduce_rmsnorm.json)"), None, None
+                           f"(all_reduce_rmsnorm table)"), None, None
   if not plan["blocks"]:
     raise ValueError(
         f"jaxll.all_reduce_rmsnorm(algorithm={requested!r}): that exchange cannot "
@@ -397,8 +397,8 @@ def _choose_fused(ctx, aval, axes, requested,
   if requested in _FUSED_NAMES:
     reason = f"algorithm={requested!r} requested"
   else:
-    reason = (f"auto: {nbytes} B per rank, at most {limit} (measured faster than the "
-              f"composition for N={group_size} on its {kind} exchange)")
+    reason = (f"all_reduce_rmsnorm table: {nbytes} bytes per rank, at most {limit} (measured "
+              f"faster than the composition for N={group_size} on its {kind} exchange)")
   if named is None:
     reason += f"; {kind} exchange (measured choice)"
   return ws, group_size, reason, exchange, plan
