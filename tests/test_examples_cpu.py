@@ -1,8 +1,9 @@
-"""The workload examples (examples/tp_decode.py, examples/cg_solver.py) run as
-a user runs them, on 8 CPU devices and in 2 jax.distributed processes: psum
-and jaxll give the same tokens and the same residual history (both lower to
-XLA's all-reduce on CPU), and the reports say what ran where; the quickstart
-runs and passes its own checks."""
+"""The workload examples (examples/tp_decode.py, examples/cg_solver.py,
+examples/fsdp_tp_train.py) run as a user runs them, on 8 CPU devices and in 2
+jax.distributed processes: psum and jaxll give the same tokens, the same
+residual history and the same losses (both lower to XLA's collectives on CPU),
+and the reports say what ran where; the quickstart runs and passes its own
+checks."""
 
 import json
 import os
@@ -72,6 +73,19 @@ def test_cg_solver_psum_and_jaxll_agree(tmp_path, processes, halo):
   assert report["runs"]["jaxll"]["paths"] == ["xla"]
   assert "residual histories identical" in stdout
   assert "jaxll vs psum: both on XLA's all-reduce here" in stdout  # (no speedup claimed)
+
+
+def test_fsdp_tp_train_routed_and_unrouted_give_the_same_losses(tmp_path):
+  """The training step with JAX's collectives and through jaxll.route (XLA's
+  collectives both, on CPU); the --check runs are in test_coverage_cpu.py."""
+  report, stdout = _run(tmp_path, "fsdp_tp_train.py", "--steps", "3", "--dtype", "bfloat16")
+  assert report["ran_on"] == "8 CPU devices" and report["mesh"]["axes"] == ["fsdp", "tp"]
+  runs = report["runs"]
+  assert set(runs) == {"psum", "jaxll"} and not report["skipped"]
+  assert runs["psum"]["losses"] == runs["jaxll"]["losses"]
+  assert runs["jaxll"]["paths"] == ["xla"] and runs["jaxll"]["call_sites"] > 0
+  assert "same losses (jax.lax, jaxll.route): yes" in stdout
+  assert "no speedup to report" in stdout
 
 
 def test_tp_decode_rejects_a_rank_count_that_does_not_divide_the_heads(tmp_path):
