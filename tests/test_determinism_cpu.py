@@ -114,11 +114,14 @@ def test_gather_keeps_auto_and_explains(mesh):
   (site,) = jaxll.explain(g, jax.device_put(x, NamedSharding(mesh, P("tp"))))
   assert site.algorithm == "xla" and site.requested == algorithms.DETERMINISTIC
   assert site.reason.startswith("deterministic: an all-gather moves bits"), site.reason
-  # its transpose, a reduce-scatter, keeps the mode
+  # its transpose, a reduce-scatter, keeps the mode (and the error says whose it is)
   g = _sharded(mesh, lambda v: jax.grad(
       lambda w: jnp.sum(jaxll.all_gather(w, "tp", tiled=True, deterministic=True) ** 2))(v),
       P("tp"))
-  with pytest.raises(AlgorithmUnavailableError, match=r"psum_scatter\(deterministic=True\)"):
+  with pytest.raises(AlgorithmUnavailableError,
+                     match=r"psum_scatter\(deterministic=True\) cannot serve the call at "
+                           r"test_determinism_cpu.py:\d+ .*autodiff's transpose of the "
+                           r"jaxll.all_gather written there: lowering for cpu"):
     g(x)
 
 

@@ -148,3 +148,34 @@ def test_abstract_mesh_finds_its_devices_under_set_mesh(cpu_devices):
 def test_distributed_client_before_initialize():
   assert internals.distributed_client() is None
   assert hasattr(internals.distributed_state(), "client")
+
+
+def test_lowering_frames_hold_the_name_stacks_sites_reads(cpu_devices):
+  # sites.origin tells a backward pass by the "transpose" transform of the name
+  # stacks of the equations being lowered: ctx.name_stack inside a shard_map
+  # differentiated from within, else those mlir.jaxpr_subcomp's frames hold
+  # (eqn_name_stack: JAX lowers a shard_map's body with an empty name stack)
+  from jax._src import source_info_util
+  from jax._src.interpreters import mlir
+
+  from jaxll import sites
+  assert "eqn_name_stack" in mlir.jaxpr_subcomp.__code__.co_varnames
+  assert source_info_util.new_name_stack().transform("transpose").stack == (
+      source_info_util.Transform("transpose"),)
+  seen = {}
+  orig = sites.site_of
+
+  def spy(ctx):
+    seen[ctx.primitive.name] = sites._under_transpose(ctx)
+    return orig(ctx)
+
+  m = _mesh(cpu_devices)
+  x = jax.device_put(np.ones((8, 4), np.float32), NamedSharding(m, P("x")))
+  f = jax.shard_map(lambda v: jaxll.all_gather(v, "x", tiled=True), mesh=m, in_specs=P("x"),
+                    out_specs=P("x"))
+  sites.site_of = spy
+  try:
+    jax.jit(jax.grad(lambda v: jnp.sum(f(v) ** 2))).lower(x)
+  finally:
+    sites.site_of = orig
+  assert seen == {"jaxll_all_gather": False, "jaxll_psum_scatter": True}, seen
