@@ -63,7 +63,10 @@ struct Pieces {
       *unit_in_segment = u;
       return base + r * segment;
     }
-    const int64_t s = u / seg_units;
+    // (32-bit division where it fits, as it does below 32 GiB of units)
+    const int64_t s = (u | seg_units) >> 32 == 0
+                          ? static_cast<uint32_t>(u) / static_cast<uint32_t>(seg_units)
+                          : u / seg_units;
     *unit_in_segment = u - s * seg_units;
     return base + (s * n + r) * segment;
   }
