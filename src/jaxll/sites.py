@@ -89,8 +89,6 @@ def _chain_of_frames(frames) -> str:
   return " <- ".join(chain) if chain else "unknown"
 
 
-
-
 # --- What wrote a collective -------------------------------------------------------
 # JAX transposes each equation of a linear function under that equation's source
 # information: the transpose of an all_gather (a psum_scatter) carries the
