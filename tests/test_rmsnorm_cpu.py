@@ -90,7 +90,7 @@ def test_explain_lists_the_call_and_its_all_reduce_at_the_callers_line(mesh, alg
   reduce, call = sites
   assert (reduce.requested, reduce.algorithm) == ("auto", "xla")
   assert (call.requested, call.algorithm, call.workspace) == (algorithm, "composed", 0)
-  assert call.reason.startswith("lowering for cpu, jaxll kernels run on CUDA GPUs"), call
+  assert call.reason.startswith("lowering for cpu; jaxll kernels run on CUDA GPUs"), call
   assert "jaxll.all_reduce (its own entry) then XLA's residual add and RMSNorm" in call.reason
   assert (call.shape, call.nbytes, call.group_size) == ("(3, 64)", 3 * 64 * 4, 8)
 
@@ -207,7 +207,7 @@ def test_fused_request_with_an_odd_hidden_size_takes_the_composition(mesh, monke
   assert [(s.op, s.requested, s.algorithm) for s in sites] == [
       ("sum", "auto", "oneshot_ll"), ("sum+rmsnorm", "fused", "composed"),
       ("sum", "auto", "oneshot_ll")], sites
-  assert sites[1].reason.startswith("the hidden size's bytes are not a multiple of 8, "), sites[1]
+  assert sites[1].reason.startswith("the hidden size's bytes are not a multiple of 8; "), sites[1]
 
 
 @pytest.mark.parametrize("hidden,fused", [(64, True), (12288, False)])
@@ -231,7 +231,7 @@ def test_auto_lowers_to_the_kernel_up_to_the_measured_size(mesh, monkeypatch, hi
   if fused:
     site = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"][-1]
     assert (site.requested, site.algorithm) == ("auto", "fused_oneshot_ll")
-    assert site.reason.startswith(f"auto: 768 B per rank, at most {limit} (measured faster "
+    assert site.reason.startswith(f"all_reduce_rmsnorm table: 768 bytes per rank, at most {limit} (measured faster "
                                   "than the composition for N=8"), site.reason
 
 
@@ -394,5 +394,6 @@ def test_auto_leaves_to_xla_what_all_reduce_auto_would(mesh, monkeypatch, group,
   text = f.trace(*put(mesh, x, residual, weight)).lower(lowering_platforms=("cuda",)).as_text()
   assert "jaxll_all_reduce_rmsnorm" not in text
   site = [s for s in jaxll.recent_call_sites() if s.op == "sum+rmsnorm"][-1]
-  assert site.algorithm == "composed" and site.reason.startswith("auto: "), site
+  assert site.algorithm == "composed" and site.reason.startswith(
+      ("group of one device: XLA elides the all-reduce", "768 bytes per rank > auto crossover 0 bytes")), site
   assert site.workspace == 0 and not made, made
