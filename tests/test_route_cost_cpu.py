@@ -137,32 +137,32 @@ class _Mode(enum.Enum):
 
 def test_non_array_arguments_reach_fun_as_given(mesh1):
   # a jitted step with static_argnames, called through route with a Python
-  # int, an enum, a float, a bool and None: each reaches the step unchanged, a
+  # int, an enum, a float, a bool, a string and None: each reaches the step unchanged, a
   # new value is one new trace, a repeated one none; numpy scalars and arrays
   # are traced (new values: no trace)
   seen = []
 
-  def g(x, bias, *, pad_id, mode, scale, exact, extra):
-    seen.append((type(pad_id), type(mode), type(scale), type(exact), extra))
+  def g(x, bias, *, pad_id, mode, scale, exact, name, extra):
+    seen.append((type(pad_id), type(mode), type(scale), type(exact), name, extra))
     assert not isinstance(bias, (int, float))
     reduce = jax.lax.psum if mode is _Mode.SUM else jax.lax.pmax
     body = jax.shard_map(lambda v: reduce(v, "tp"), mesh=mesh1, in_specs=P("tp"),
                          out_specs=P())
     return body(x) * scale + pad_id + bias
 
-  f = jax.jit(g, static_argnames=("pad_id", "mode", "scale", "exact"))
+  f = jax.jit(g, static_argnames=("pad_id", "mode", "scale", "exact", "name"))
   x = _put(mesh1, np.arange(16, dtype=np.float32), P("tp"))
-  kwargs = dict(pad_id=0, mode=_Mode.SUM, scale=2.0, exact=True, extra=None)
+  kwargs = dict(pad_id=0, mode=_Mode.SUM, scale=2.0, exact=True, name="tp", extra=None)
   routed = jaxll.route(f)
   with _compiles() as compiles:
     got = routed(x, np.float32(1), **kwargs)
-    assert seen == [(int, _Mode, float, bool, None)]
+    assert seen == [(int, _Mode, float, bool, "tp", None)]
     routed(x, np.float32(1), **kwargs)
     routed(x, np.float32(5), **kwargs)              # a numpy scalar is traced
     routed(x, np.full((), 5, np.float32), **kwargs)  # so is a numpy array
   assert len(seen) == 1 and compiles[0] == 1, (seen, compiles)
   _assert_bitwise(got, f(x, np.float32(1), **kwargs))
-  for change in (dict(pad_id=7), dict(mode=_Mode.MAX), dict(scale=-0.5)):
+  for change in (dict(pad_id=7), dict(mode=_Mode.MAX), dict(scale=-0.5), dict(name="dp")):
     _assert_bitwise(routed(x, np.float32(1), **dict(kwargs, **change)),
                     f(x, np.float32(1), **dict(kwargs, **change)))
   with _compiles() as compiles:
