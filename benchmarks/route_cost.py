@@ -141,10 +141,16 @@ def main(argv=None):
   variants = {"unrouted": step, "jaxll.route(step)": jaxll.route(step),
               "jit(jaxll.route(step))": jax.jit(jaxll.route(step))}
   outs = {name: jax.block_until_ready(fn(*args)) for name, fn in variants.items()}
-  for name, out in outs.items():  # the routed steps compute the unrouted one's bits
+  # The routed steps compute the unrouted one's bits where every collective is
+  # XLA's (CPU); on GPUs jaxll's kernels sum in rank order and XLA compiles a
+  # different program around them, so there the results agree within rounding.
+  for name, out in outs.items():
     for a, b in zip(out, outs["unrouted"]):
-      if not np.array_equal(np.asarray(a), np.asarray(b)):
-        sys.exit(f"{name} differs from the unrouted step")
+      a, b = np.asarray(a), np.asarray(b)
+      same = np.array_equal(a, b) if on_cpu else np.allclose(a, b, rtol=1e-4, atol=1e-6)
+      if not same:
+        sys.exit(f"{name} differs from the unrouted step (largest difference "
+                 f"{np.abs(a.astype(np.float64) - b).max():.3g})")
   sites = len(jaxll.explain(jaxll.route(step), *args))
   if sites == 0 or jaxll.explain(step, *args):
     sys.exit("the routed step should have jaxll call sites and the unrouted one none")
