@@ -264,3 +264,27 @@ def test_route_checks_its_arguments():
   with pytest.raises(ValueError, match="collectives must be"):
     jaxll.route(lambda x: x, collectives="psum")
   assert callable(jaxll.route(algorithm="oneshot_barrier")(lambda x: x))
+
+
+def test_route_runs_an_eager_shard_map_body_as_jax_does(mesh1):
+  # Outside jit, shard_map runs its body op by op on each device's values:
+  # Python control flow on a collective's result works, routed or not (the
+  # eager collectives are XLA's either way)
+  def body(v):
+    return -v if jax.lax.psum(v, "tp").sum() > 0 else v
+
+  x = _put(mesh1, np.arange(8.0, dtype=np.float32), P("tp"))
+  want = jax.shard_map(body, mesh=mesh1, in_specs=P("tp"), out_specs=P("tp"))(x)
+  got = jax.shard_map(jaxll.route(body), mesh=mesh1, in_specs=P("tp"), out_specs=P("tp"))(x)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  assert (np.asarray(got) == -np.arange(8.0)).all()
+
+
+def test_route_passes_arguments_whose_hash_raises():
+  class Opaque:  # (jit and shard_map take such static values as they are)
+    def __hash__(self):
+      raise RuntimeError("not hashable")
+
+  o, seen = Opaque(), []
+  out = jaxll.route(lambda a, x: seen.append(a) or x + 1)(o, np.float32(1))
+  assert seen == [o] and out == 2

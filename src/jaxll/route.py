@@ -196,6 +196,15 @@ def route_psums(fun=None, *, algorithm: str = "auto", deterministic: bool | None
 _STATIC, _ARRAY, _TRACER, _PROTOCOL = 1, 2, 3, 4
 
 
+def _eager(leaves, kinds) -> bool:
+  """Whether the traced leaves are an eager shard_map's per-device values
+  (its tracers hold concrete arrays: no jaxpr is being built)."""
+  tracers = [v for v, k in zip(leaves, kinds) if k == _TRACER]
+  return bool(tracers) and all(type(v).__name__ == "ShardMapTracer" and
+                               not isinstance(getattr(v, "val", None), jax.core.Tracer)
+                               for v in tracers)
+
+
 class _Kinds(dict):
   """type -> _STATIC, _ARRAY, _TRACER or _PROTOCOL, filled in as types come."""
 
@@ -237,7 +246,7 @@ def _static_key(v):
     return t, repr(v)
   try:
     hash(v)
-  except TypeError:
+  except Exception:  # (jit and shard_map take such arguments as they are)
     return t, _ByIdentity(v)
   return t, v
 
@@ -344,6 +353,10 @@ class _Router:
       key = (tree, kinds, tuple(statics), request)
     else:
       arrays, dynamic, key = leaves, range(len(leaves)), (tree, kinds, request)
+    if _TRACER in kinds and _eager(leaves, kinds):
+      # an eager shard_map body (outside jit): JAX runs it op by op on each
+      # device's values, XLA's collectives included, and so does route
+      return self.fun(*args, **kwargs)
     if _TRACER in kinds:  # under a trace of the caller: inline, once per trace of the caller
       return self.trace(self.signature(tree, leaves, dynamic, request), arrays).evaluate(arrays)
     entry = self.entries.get(key)
