@@ -279,6 +279,12 @@ def test_route_runs_an_eager_shard_map_body_as_jax_does(mesh1):
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   assert (np.asarray(got) == -np.arange(8.0)).all()
 
+  def no_arguments():  # (nothing to tell the eager body by but the trace)
+    return 1.0 if jax.lax.psum(jax.lax.axis_index("tp"), "tp") > 0 else -1.0
+
+  out = jax.shard_map(jaxll.route(no_arguments), mesh=mesh1, in_specs=(), out_specs=P())()
+  assert out == 1.0
+
 
 def test_route_passes_arguments_whose_hash_raises():
   class Opaque:  # (jit and shard_map take such static values as they are)

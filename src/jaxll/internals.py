@@ -75,6 +75,13 @@ def bound_axis_names() -> tuple:
   return tuple(_core.get_axis_env().axis_names())
 
 
+def in_eager_shard_map() -> bool:
+  """Whether the code running now is a shard_map body run eagerly (outside
+  jit): JAX evaluates it op by op on each device's values."""
+  trace = getattr(getattr(_core, "trace_ctx", None), "trace", None)
+  return type(trace).__name__ == "ShardMapTrace"
+
+
 def insert_collective_pvary(axes: tuple, x):
   """``x`` made varying over ``axes``, as jax.lax's collectives do before they bind."""
   return _parallel.insert_collective_pvary(axes, x)

@@ -196,15 +196,6 @@ def route_psums(fun=None, *, algorithm: str = "auto", deterministic: bool | None
 _STATIC, _ARRAY, _TRACER, _PROTOCOL = 1, 2, 3, 4
 
 
-def _eager(leaves, kinds) -> bool:
-  """Whether the traced leaves are an eager shard_map's per-device values
-  (its tracers hold concrete arrays: no jaxpr is being built)."""
-  tracers = [v for v, k in zip(leaves, kinds) if k == _TRACER]
-  return bool(tracers) and all(type(v).__name__ == "ShardMapTracer" and
-                               not isinstance(getattr(v, "val", None), jax.core.Tracer)
-                               for v in tracers)
-
-
 class _Kinds(dict):
   """type -> _STATIC, _ARRAY, _TRACER or _PROTOCOL, filled in as types come."""
 
@@ -353,7 +344,7 @@ class _Router:
       key = (tree, kinds, tuple(statics), request)
     else:
       arrays, dynamic, key = leaves, range(len(leaves)), (tree, kinds, request)
-    if _TRACER in kinds and _eager(leaves, kinds):
+    if (_TRACER in kinds or _ARRAY not in kinds) and internals.in_eager_shard_map():
       # an eager shard_map body (outside jit): JAX runs it op by op on each
       # device's values, XLA's collectives included, and so does route
       return self.fun(*args, **kwargs)
