@@ -144,9 +144,10 @@ def route(fun=None, *, algorithm: str = "auto", collectives=COLLECTIVES,
   configuration objects) reach ``fun`` as given and are static: a new value
   traces and compiles ``fun`` anew, as for ``jax.jit``'s static arguments.
   Called outside any trace, the routed function compiles once per signature
-  and then costs what ``jax.jit(fun)`` costs per call, keeping the donation of
-  a donating ``jax.jit`` inside ``fun``; under an outer ``jit`` it is traced
-  once per trace of the caller.
+  and then costs what ``jax.jit(fun)`` costs per call plus a lookup of the
+  call's signature in Python (a few µs; wrap it in ``jax.jit`` to drop that),
+  keeping the donation of a donating ``jax.jit`` inside ``fun``; under an
+  outer ``jit`` it is traced once per trace of the caller.
 
   Args:
     fun: the function; also usable as ``@jaxll.route`` or ``@jaxll.route(...)``.

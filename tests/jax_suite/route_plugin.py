@@ -19,7 +19,7 @@ while the others do not means route evaluates its jaxpr some other way); the bin
 of jaxll's collective primitives (only those at the top of a routed jaxpr: one in a
 loop, conditional or jit body is bound with its parent); and the call sites lowered
 (``jaxll.call_sites.record``). ``JAXLL_ROUTE_JAX_TESTS_REPORT=<file>`` writes them as
-JSON at the end of the session: ``{"routed": bool, "totals": {...}, "tests": {id:
+JSON at the end of the pytest run: ``{"routed": bool, "totals": {...}, "tests": {id:
 {...}}}``, with the ids pytest's junit XML uses (``classname`` and ``name``).
 """
 
