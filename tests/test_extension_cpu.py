@@ -119,7 +119,7 @@ def test_extension_api_capsule():
                 ("register_loader", register_fn)]
 
   table = Table.from_address(get_pointer(capsule, b"jaxll.extension_api"))
-  assert table.version == 6 and table.rank_view_bytes > 0
+  assert table.version == 7 and table.rank_view_bytes > 0
   error = ctypes.create_string_buffer(512)
   view = ctypes.create_string_buffer(table.rank_view_bytes)
   assert table.get_rank_view(10 ** 6, 0, view, error, 512) == 1  # kExtensionNoWorkspace

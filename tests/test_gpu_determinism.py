@@ -65,7 +65,8 @@ def test_all_reduce_bits_whatever_the_kernel_size_and_rounds(n, dtype, op):
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
-@pytest.mark.parametrize("hidden,dtype", [(8192, "bfloat16"), (4096, "float16"),
+@pytest.mark.parametrize("hidden,dtype", [(16384, "bfloat16"), (8192, "bfloat16"),
+                                          (5120, "bfloat16"), (4096, "float16"),
                                           (2048, "float32"), (1028, "bfloat16"),
                                           (1030, "float32")])
 def test_fused_rows_whatever_the_token_count_exchange_and_cut(n, hidden, dtype):

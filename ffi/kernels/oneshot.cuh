@@ -20,6 +20,9 @@
 //                          thread's first unit u (has: the thread has one)
 //   void before_reduce(u)  before the wait for unit u's contributions
 //   void reduced(u, v, ok) unit u's result v (ok false: v is the poison pattern)
+//   void after_pass(u, len) every thread, after each pass of the block over
+//                          units [u, u + len) of a round (a pass: a unit a
+//                          thread, thread t unit u + t)
 //   bool finish(bs, &ok)   after the last round; false: the block has poisoned
 //                          what it owns and leaves
 //   void poison(share)     the block failed: poison everything it owns
@@ -122,6 +125,7 @@ __device__ __forceinline__ bool oneshot_rounds(const AllReduceArgs& a, const Blo
         if (*ok) *ok = reduce_slot<NR, P, T, Op, W>(ch, n, i, own, &res);
         epi.reduced(r0 + i, *ok ? res : poison_unit<W>(), *ok);
       }
+      epi.after_pass(r0, len);
     } else {
       if constexpr (!kOneUnit) {
         // Several units per thread: push them all, then reduce them all.
@@ -130,12 +134,16 @@ __device__ __forceinline__ bool oneshot_rounds(const AllReduceArgs& a, const Blo
         if constexpr (P == Proto::kBarrier) {
           *ok = flag_barrier(v, barrier_value(epoch, 1), wait_context(v, epoch)) && *ok;
         }
-        for (int i = threadIdx.x; i < len; i += blockDim.x) {
-          const Unit<W> own = input(i);
-          epi.before_reduce(r0 + i);
-          Unit<W> res;
-          if (*ok) *ok = reduce_slot<NR, P, T, Op, W>(ch, n, i, own, &res);
-          epi.reduced(r0 + i, *ok ? res : poison_unit<W>(), *ok);
+        for (int b = 0; b < len; b += blockDim.x) {
+          const int i = b + static_cast<int>(threadIdx.x);
+          if (i < len) {
+            const Unit<W> own = input(i);
+            epi.before_reduce(r0 + i);
+            Unit<W> res;
+            if (*ok) *ok = reduce_slot<NR, P, T, Op, W>(ch, n, i, own, &res);
+            epi.reduced(r0 + i, *ok ? res : poison_unit<W>(), *ok);
+          }
+          epi.after_pass(r0 + b, min(len - b, static_cast<int>(blockDim.x)));
         }
       }
     }
@@ -175,6 +183,7 @@ struct StoreOutput {
   __device__ __forceinline__ void reduced(int64_t u, const Unit<W>& value, bool) {
     store_unit<T, W>(y, u, count, vec, value);
   }
+  __device__ __forceinline__ void after_pass(int64_t, int) {}
   __device__ __forceinline__ bool finish(const BlockStart&, bool*) { return true; }
   __device__ __forceinline__ void poison(const BlockShare& s) {
     poison_units<T, W>(y, s.u0, s.u1, count, vec);

@@ -6,8 +6,9 @@
 // its segment of the flattened (tokens, hidden) array; the one-shot body pushes
 // it to every peer and reduces the N contributions in rank order (bitwise what
 // jaxll.all_reduce gives), and the epilogue adds the residual in float32,
-// rounds once (new_residual), sums the squares of the rounded values exactly,
-// combines the row's sum with the row's other blocks (rmsnorm_row_total.cuh), and writes
+// rounds once (new_residual), adds the squares of the rounded values in the
+// row's one order (square_tree.cuh), combines the block's node with the row's
+// other blocks (rmsnorm_row_total.cuh), and writes
 // normed = round(new_residual * rsqrt(mean + eps)) * weight for its units.
 //
 // P is the exchange: LL16 (8-byte units) or sentinel (16-byte units stored
@@ -36,7 +37,7 @@ struct DecodeNorm {
   bool entered = false;   // (clustered: this thread has waited out the entry barrier)
   uint64_t tag0 = 0;
   int64_t unit = 0;       // its unit of the flattened array
-  SquareSum squares = SquareSum::empty();
+  float node = 0.f;       // the tree node of its unit's squares
   Unit<W> rv{}, wv{}, hv{};
 
   __device__ __forceinline__ explicit DecodeNorm(const RmsNormArgs& args)
@@ -64,14 +65,17 @@ struct DecodeNorm {
   }
   __device__ __forceinline__ void before_reduce(int64_t) {}
   __device__ __forceinline__ void reduced(int64_t u, const Unit<W>& sum, bool ok) {
-    hv = ok ? residual_add<T, W>(sum, rv, &squares) : poison_unit<W>();
+    hv = ok ? residual_add<T, W>(sum, rv, &node) : poison_unit<W>();
     store_unit<T, W>(static_cast<T*>(a.new_residual), u, a.base.count, vec, hv);
   }
+  __device__ __forceinline__ void after_pass(int64_t, int) {}  // (the squares: in finish)
   // The row's sum of squares, then the norm of this thread's unit (the call's
   // only round: no fence, and no barrier to end it).
   __device__ __forceinline__ bool finish(const BlockStart& bs, bool* ok) {
+    RowSquares sq;
+    sq.pass(node, wb.len, *ok);  // (one pass: thread t holds the segment's unit t)
     float total;
-    if (!wave_total(a, wb.g, squares, tag0, bs.epoch, ok, &entered, &total)) {
+    if (!wave_total(a, wb.g, sq, tag0, bs.epoch, ok, &entered, &total)) {
       poison_segments<T, W>(a, wb.g);
       return false;
     }

@@ -34,7 +34,8 @@ struct RowsNorm {
   uint64_t tag0 = 0;
   int64_t row = 0;    // the row being reduced
   int64_t k = 0;      // its index among the block's rows
-  SquareSum squares = SquareSum::empty();
+  RowSquares sq;      // the row's squares so far
+  float node = 0.f;   // the tree node of this thread's unit of the current pass
   Unit<8> rv{}, kept_new{}, kept_w{};
 
   __device__ __forceinline__ explicit RowsNorm(const RmsNormArgs& args)
@@ -54,7 +55,7 @@ struct RowsNorm {
   __device__ __forceinline__ void start_row(int64_t index) {
     k = index;
     row = g.group + index * (gridDim.x / a.segments);
-    squares = SquareSum::empty();
+    sq = RowSquares{};
   }
   __device__ __forceinline__ void enter() {
     if (a.clustered) cluster_entry_arrive();
@@ -69,22 +70,27 @@ struct RowsNorm {
     }
   }
   __device__ __forceinline__ void reduced(int64_t u, const Unit<8>& sum, bool ok) {
-    const Unit<8> out = ok ? residual_add<T>(sum, rv, &squares) : poison_unit<8>();
+    const Unit<8> out = ok ? residual_add<T>(sum, rv, &node) : poison_unit<8>();
     if (single) kept_new = out;
     store_unit<T, 8>(static_cast<T*>(a.new_residual), u, a.base.count, vec, out);
+  }
+  // A pass of the block over the row's units [u, u + len): its units' squares.
+  __device__ __forceinline__ void after_pass(int64_t, int len) {
+    sq.pass(node, len);
+    node = 0.f;
   }
   // The row's sum of squares from its S blocks, then the norm of this block's
   // segment: new_residual (this block wrote it; the round's end ordered the
   // stores) times the inverse root mean square, rounded, times the weight.
   // `epoch`: the row's last round's.
   __device__ __forceinline__ void norm_row(uint64_t epoch, bool* ok) {
-    const SquareSum part = block_sum(squares);
+    bool all = true;  // (the rounds' end agreed on *ok already)
+    const float part = sq.block_node(&all, true);
     const float total =
-        (a.segments == 1 ? part
-         : a.clustered   ? cluster_row_total(part, static_cast<int>(k & 1), a.segments, ok, &entered)
-                         : row_total(a, g, part, tag0 + static_cast<uint64_t>(k) + 1,
-                                     static_cast<int>(k & 1), epoch, ok))
-            .to_float();
+        a.segments == 1 ? part
+        : a.clustered   ? cluster_row_total(part, static_cast<int>(k & 1), a.segments, ok, &entered)
+                        : row_total(a, g, part, tag0 + static_cast<uint64_t>(k) + 1,
+                                    static_cast<int>(k & 1), epoch, ok);
     const float inv = rsqrtf(total / static_cast<float>(a.hidden) + a.eps);
     const T* nr = static_cast<const T*>(a.new_residual) + row * a.hidden;
     T* no = static_cast<T*>(a.normed) + row * a.hidden;

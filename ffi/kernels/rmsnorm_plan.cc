@@ -9,11 +9,18 @@
 // over blocks combine their partial sums of squares in a cluster where the
 // device launches clusters and holds every rank's at once, else through the
 // header's slots.
+//
+// The row's sum of squares takes one order whatever the cut (square_tree.cuh):
+// a row split over blocks is split into segments of a power-of-two number of
+// units, and a segment that takes several rounds into rounds of a power-of-two
+// number of units (a round of more units than threads then has 512 threads,
+// so its passes are of 512 units).
 #include <algorithm>
 
 #include "jaxll/error_word.h"
 #include "kernels/launch.h"
 #include "kernels/rmsnorm_args.h"
+#include "kernels/square_tree.cuh"
 
 namespace jaxll {
 namespace {
@@ -21,15 +28,32 @@ namespace {
 // Units a block's segment aims at (the one-shot all-reduce's block size).
 constexpr int64_t kSegmentUnits = 128;
 
+// The smallest power of two >= v (v >= 1).
+int64_t pow2_at_least(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+// The largest power of two <= v (v >= 1).
+int64_t pow2_at_most(int64_t v) {
+  int64_t p = 1;
+  while (2 * p <= v) p *= 2;
+  return p;
+}
+
 // The cut for `s` segments a row, as many rows at once as `cap` blocks allow.
 RmsNormPlan shape(int64_t s, int64_t row_units, int64_t tokens, int64_t cap, int unit,
                   const RankView& view) {
   const int64_t sig_warp = view.nranks > 1 && view.signatures ? 32 : 0;
   RmsNormPlan p;
   p.seg_span = (row_units + s - 1) / s;
+  // (segments: nodes of the row's tree of squares)
+  if (kFixedOrderNorm && p.seg_span < row_units) p.seg_span = pow2_at_least(p.seg_span);
   p.segments = (row_units + p.seg_span - 1) / p.seg_span;  // no segment left empty
   p.rows_at_once = std::max<int64_t>(1, std::min<int64_t>(tokens, cap / p.segments));
   p.chunk_units = std::min<int64_t>(p.seg_span, view.geo.region_bytes / unit);
+  if (kFixedOrderNorm && p.chunk_units < p.seg_span) p.chunk_units = pow2_at_most(p.chunk_units);
   const int64_t work = std::min<int64_t>(p.chunk_units, kBlockThreads);
   p.threads = static_cast<int>(std::min<int64_t>(kBlockThreads, ((work + 31) / 32) * 32 + sig_warp));
   return p;
@@ -92,10 +116,13 @@ RmsNormPlan plan_cut(DType dtype, const RankView& view, int64_t tokens, int64_t 
   const int64_t sig_warp = view.nranks > 1 && view.signatures ? 32 : 0;
   if (!plan.pdl && view.pdl && plan.waves == 1) {
     const int64_t s = view.max_blocks / 2 / tokens;
-    if (s >= 1 && s < plan.segments && (row_units + s - 1) / s + sig_warp <= kBlockThreads) {
+    if (s >= 1 && s < plan.segments) {
       const RmsNormPlan c =
           finish(shape(s, row_units, tokens, cap, unit, view), fn, row_units, tokens, cap, unit, view);
-      if (c.pdl && c.waves == 1 && c.chunk_units >= c.seg_span) plan = c;
+      if (c.pdl && c.waves == 1 && c.chunk_units >= c.seg_span && c.segments < plan.segments &&
+          c.seg_span + sig_warp <= kBlockThreads) {
+        plan = c;
+      }
     }
   }
   return plan;

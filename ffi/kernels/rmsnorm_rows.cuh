@@ -4,7 +4,7 @@
 
 #include "kernels/call_args.cuh"
 #include "kernels/rmsnorm_args.h"
-#include "kernels/square_sum.cuh"
+#include "kernels/square_tree.cuh"
 
 namespace jaxll {
 
@@ -97,10 +97,10 @@ __device__ __forceinline__ void poison_segments(const RmsNormArgs& a, const Segm
 }
 
 // new_residual's unit: the reduced sum plus the residual, added in float32
-// and rounded once; the squares of the rounded values go into *squares.
+// and rounded once; *node: the tree node of the rounded values' squares.
 template <class T, int W = 8>
 __device__ __forceinline__ Unit<W> residual_add(const Unit<W>& sum, const Unit<W>& rv,
-                                                SquareSum* squares) {
+                                                float* node) {
   using Tr = ElemTraits<T>;
   constexpr int E = W / static_cast<int>(sizeof(T));
   T s[E], q[E], o[E];
@@ -111,9 +111,9 @@ __device__ __forceinline__ Unit<W> residual_add(const Unit<W>& sum, const Unit<W
   for (int e = 0; e < E; ++e) {
     o[e] = Tr::from_acc(Tr::to_acc(s[e]) + Tr::to_acc(q[e]));
     const float h = Tr::to_acc(o[e]);
-    sq[e] = h * h;
+    sq[e] = tree_square(h);
   }
-  squares->add_all<E>(sq);
+  *node = unit_node<E>(sq);
   Unit<W> out;
   memcpy(out.p, o, W);
   return out;

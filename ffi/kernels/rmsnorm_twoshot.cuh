@@ -123,21 +123,25 @@ __device__ __forceinline__ void rmsnorm_twoshot(const RmsNormArgs& a) {
       ok = channel_recv<P, T, W>(ag, owner, u - owner * c, &hv[k]);
     }
   }
-  // The residual, and the squares of new_residual.
+  // The residual, and the squares of new_residual: pass k of the block holds
+  // the segment's units [k * blockDim.x, (k + 1) * blockDim.x).
   Unit<W> wv[K];
-  SquareSum squares = SquareSum::empty();
+  RowSquares sq;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int u = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
     wv[k] = u < len ? load_unit<T, W>(static_cast<const T*>(a.weight), u0 + u, a.hidden, vec) : Unit<W>{};
+    float node = 0.f;
     if (u < len) {
-      hv[k] = ok ? residual_add<T, W>(hv[k], rv[k], &squares) : poison_unit<W>();
+      hv[k] = ok ? residual_add<T, W>(hv[k], rv[k], &node) : poison_unit<W>();
       store_unit<T, W>(static_cast<T*>(a.new_residual), at + u, count, vec, hv[k]);
     }
+    const int first = k * static_cast<int>(blockDim.x);  // (K = 2: 512 threads)
+    if (first < len) sq.pass(node, min(len - first, static_cast<int>(blockDim.x)), ok);
   }
   // (the call's only round: no fence)
   float total;
-  if (!wave_total(a, g, squares, tag0, epoch, &ok, &entered, &total)) {
+  if (!wave_total(a, g, sq, tag0, epoch, &ok, &entered, &total)) {
     poison_segments<T, W>(a, g);
     return;
   }

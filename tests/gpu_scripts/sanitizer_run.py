@@ -1,7 +1,8 @@
 """A small virtual-rank run for compute-sanitizer (memcheck, racecheck, synccheck,
 initcheck; tests/gpu_scripts/sanitizers.sh runs all four).
 The fused all-reduce + residual + RMSNorm kernels run too (three shapes per N, one-shot
-and two-shot, LL16 and sentinel; then the decode shape, rows of 8192 bf16, whose
+and two-shot, LL16 and sentinel; long rows whose blocks hold more than 32 groups of
+squares; then the decode shape, rows of 8192 bf16, whose
 one-row-wave kernel adds a clustered row's squares by st.async: the run fails
 unless that path ran), the group twins of the kernels (every rank's blocks in one
 launch: each all-reduce kernel, the fused decode-shape and two-shot cuts), and
@@ -82,6 +83,21 @@ for n in ranks:
       except (RuntimeError, ValueError) as e:
         print(n, "rmsnorm", dtype, hidden, protocol, e, flush=True)
         bad += 1
+  # long rows a whole row a block in rounds (16384 bf16 on the 4 KiB
+  # workspace): more than 32 groups of squares a block, whose tree takes
+  # levels of pairs in shared memory before a warp's butterfly
+  tokens, hidden = 40, 16384
+  x = np.random.default_rng(5).integers(0, 255, size=n * tokens * hidden * 2, dtype=np.uint8)
+  x[1::2] = 0x3C
+  p = ext.rmsnorm_plan(comm, algorithms.DTYPE_CODES["bfloat16"], tokens, hidden, LL)
+  try:
+    *_, err = tools.virtual_rmsnorm(comm, algorithms.DTYPE_CODES["bfloat16"], x.tobytes(),
+                                  x[:tokens * hidden * 2].tobytes(), x[:hidden * 2].tobytes(),
+                                  tokens, hidden, 1e-6, protocol=LL)
+  except (RuntimeError, ValueError) as e:
+    err = str(e)
+  print(n, "rmsnorm long rows", f"segments={p['segments']}", err or "no error", flush=True)
+  bad += int(bool(err)) + int(p["segments"] * 32 * 32 >= hidden // 4)  # (must be > 32 groups)
   # the decode shape (rows of 8192 bf16, 1 and 2 tokens), both one-shot
   # exchanges: the one-row-wave kernel whose clustered blocks add a row's
   # squares by st.async into each other's shared memory (counted by an

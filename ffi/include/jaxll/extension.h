@@ -43,8 +43,9 @@ namespace jaxll {
 // 2: WorkspaceHeader gained the row-norm exchange; 3: get_rank_view_of;
 // 4: the FFI attribute that carries the workspace id is `workspace` (was
 // `comm`), register_loader; 5: kExtensionHasError fills the view too; 6: the
-// WorkspaceHeader's row-norm partials are exact sums (kNormPartialWords packets)
-constexpr uint32_t kExtensionApiVersion = 6;
+// WorkspaceHeader's row-norm partials are exact sums (kNormPartialWords packets);
+// 7: they are one float each, a node of the row's tree of squares
+constexpr uint32_t kExtensionApiVersion = 7;
 
 // What get_rank_view returns.
 enum ExtensionStatus : int {

@@ -56,8 +56,9 @@ constexpr int kPhases = 2;
 // A block rewrites the LL16 slots it sends to once per this many epochs
 // (see ll_packet.cuh), so no 32-bit flag ever ages into aliasing.
 constexpr uint64_t kLLRefreshEpochs = 1ull << 30;
-// 32-bit words of a fused call's partial sum of squares (kernels/square_sum.cuh).
-constexpr int kNormPartialWords = 7;
+// 32-bit words of a fused call's partial sum of squares: a block's node of the
+// row's tree of squares, a float (kernels/square_tree.cuh).
+constexpr int kNormPartialWords = 1;
 
 
 struct WorkspaceHeader {
@@ -76,8 +77,8 @@ struct WorkspaceHeader {
   // signature slot a call uses (round.cuh, "Call signatures").
   uint32_t calls[kMaxBlocks];
   // Each block's partial sum of squares for the row it holds, by row-wave
-  // parity: kNormPartialWords LL16 packets (payload: one 32-bit word of the
-  // exact sum and the tag's high half; flag: the tag's low half), read by the
+  // parity: kNormPartialWords LL16 packets (payload: the node's bits and the
+  // tag's high half; flag: the tag's low half), read by the
   // other blocks of the same row.
   alignas(16) uint64_t norm_partials[kMaxBlocks][2][kNormPartialWords][2];
   // Base address (as seen from this rank's device) of every rank's workspace.
