@@ -161,6 +161,9 @@ RmsNormPlan twoshot_cut(DType dtype, const RankView& view, int64_t tokens, int64
   }
   p.proto = proto;
   p.twoshot = true;
+  // (two units a thread: two passes, of kBlockThreads units each, so that
+  // each is a node of the row's tree of squares)
+  if (kFixedOrderNorm && n * c > p.threads) p.threads = kBlockThreads;
   p.units = n * c > p.threads ? kRmsNormTwoShotUnits : 1;
   return p;
 }
