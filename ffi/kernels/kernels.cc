@@ -7,6 +7,7 @@
 #include "jaxll/workspace_layout.h"
 #include "kernels/all_reduce.h"
 #include "kernels/cuda_call.h"
+#include "kernels/exchange.h"
 #include "kernels/gather_scatter.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/utility.h"
@@ -18,6 +19,7 @@ std::vector<const void*> kernel_functions() {
   for (const KernelEntry& e : all_reduce_kernels().entries()) out.push_back(e.fn);
   for (const void* fn : rmsnorm_kernel_functions()) out.push_back(fn);
   for (const void* fn : gather_scatter_kernel_functions()) out.push_back(fn);
+  for (const void* fn : exchange_kernel_functions()) out.push_back(fn);
   for (const void* fn : utility_kernel_functions()) out.push_back(fn);
   return out;
 }

@@ -48,7 +48,9 @@ const std::vector<CodeName>& collective_codes() {
       {"all_reduce", static_cast<int>(Collective::kAllReduce)},
       {"all_reduce_rmsnorm", static_cast<int>(Collective::kRmsNorm)},
       {"all_gather", static_cast<int>(Collective::kAllGather)},
-      {"psum_scatter", static_cast<int>(Collective::kReduceScatter)}};
+      {"psum_scatter", static_cast<int>(Collective::kReduceScatter)},
+      {"ppermute", static_cast<int>(Collective::kPermute)},
+      {"all_to_all", static_cast<int>(Collective::kAllToAll)}};
   return t;
 }
 
@@ -82,6 +84,15 @@ std::string describe_signature(uint64_t sig) {
       d.collective == static_cast<uint32_t>(Collective::kReduceScatter)) {
     return name_of(collective_codes(), d.collective) + " of pieces of " + std::to_string(d.count) +
            " " + dtype + " elements, algorithm " + name_of(algorithm_codes(), d.algorithm);
+  }
+  if (d.collective == static_cast<uint32_t>(Collective::kPermute)) {
+    return "ppermute of " + std::to_string(d.count) + " " + dtype + " elements, algorithm " +
+           name_of(algorithm_codes(), d.algorithm) + ", permutation tag " + std::to_string(d.op);
+  }
+  if (d.collective == static_cast<uint32_t>(Collective::kAllToAll)) {
+    return "all_to_all of pieces of " + std::to_string(d.count) + " " + dtype +
+           " elements, algorithm " + name_of(algorithm_codes(), d.algorithm) + ", layout " +
+           std::to_string(d.op);
   }
   const std::string what =
       d.collective == 0 ? "all_reduce" : "collective " + std::to_string(d.collective);

@@ -26,7 +26,14 @@ enum class Algorithm : int {
 };
 constexpr int kLastAlgorithm = 7;
 // The collective field of a call signature.
-enum class Collective : uint32_t { kAllReduce = 0, kRmsNorm = 1, kAllGather = 2, kReduceScatter = 3 };
+enum class Collective : uint32_t {
+  kAllReduce = 0,
+  kRmsNorm = 1,
+  kAllGather = 2,
+  kReduceScatter = 3,
+  kPermute = 4,
+  kAllToAll = 5,
+};
 
 int dtype_bytes(DType t);
 

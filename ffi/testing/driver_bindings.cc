@@ -121,6 +121,31 @@ void bind_checks(nb::module_& m) {
     }
     return nb::make_tuple(as_bytes(out.y), out.error);
   }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "x"_a, "count"_a, "segment"_a = 0);
+  m.def("virtual_ppermute", [](int64_t id, int algorithm, int dtype, nb::bytes x, int64_t count,
+                               std::vector<int64_t> dests, int absent) {
+    VirtualGroup& g = group_of(id);
+    const std::string xs = as_string(x);
+    GatherScatterResult out;
+    {
+      nb::gil_scoped_release release;
+      out = virtual_ppermute(g, static_cast<Algorithm>(algorithm), static_cast<DType>(dtype), xs,
+                             count, dests, absent);
+    }
+    return nb::make_tuple(as_bytes(out.y), out.error);
+  }, "id"_a, "algorithm"_a, "dtype"_a, "x"_a, "count"_a, "dests"_a, "absent"_a = -1);
+  m.def("virtual_all_to_all", [](int64_t id, int algorithm, int dtype, nb::bytes x, int64_t count,
+                                 int64_t in_segment, int64_t out_segment, int absent) {
+    VirtualGroup& g = group_of(id);
+    const std::string xs = as_string(x);
+    GatherScatterResult out;
+    {
+      nb::gil_scoped_release release;
+      out = virtual_all_to_all(g, static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
+                               xs, count, in_segment, out_segment, absent);
+    }
+    return nb::make_tuple(as_bytes(out.y), out.error);
+  }, "id"_a, "algorithm"_a, "dtype"_a, "x"_a, "count"_a, "in_segment"_a = 0,
+        "out_segment"_a = 0, "absent"_a = -1);
   m.def("set_epochs", [](int64_t id, uint64_t epoch) {
     VirtualGroup& g = group_of(id);
     nb::gil_scoped_release release;
@@ -155,6 +180,15 @@ void bind_timing(nb::module_& m) {
                                         static_cast<DType>(dtype), count, segment, iters, reps);
   }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "count"_a, "iters"_a, "reps"_a,
         "segment"_a = 0);
+  m.def("virtual_exchange_bench", [](int64_t id, int collective, int algorithm, int dtype,
+                                     int64_t count, std::vector<int64_t> dests, int iters,
+                                     int reps) {
+    VirtualGroup& g = group_of(id);
+    nb::gil_scoped_release release;
+    return virtual_exchange_bench(g, static_cast<Collective>(collective),
+                                  static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
+                                  count, dests, iters, reps);
+  }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "count"_a, "dests"_a, "iters"_a, "reps"_a);
   m.def("virtual_floor", [](int64_t id, int iters, int reps, bool one_launch) {
     VirtualGroup& g = group_of(id);
     nb::gil_scoped_release release;

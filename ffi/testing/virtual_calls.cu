@@ -1,6 +1,7 @@
 // Fault injection and single calls of virtual_drivers.h: every rank its own
 // all-reduce (ranks that disagree, skip or are late), the fused call with an
-// absent or a late rank, one all-gather or reduce-scatter.
+// absent or a late rank, one all-gather or reduce-scatter, one ppermute or
+// all-to-all.
 #include <chrono>
 #include <stdexcept>
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "kernels/all_reduce.h"
 #include "kernels/cuda_call.h"
+#include "kernels/exchange.h"
 #include "kernels/gather_scatter.h"
 #include "kernels/rmsnorm.h"
 #include "testing/delay.h"
@@ -202,6 +204,82 @@ GatherScatterResult virtual_gather_scatter(VirtualGroup& g, Collective c, Algori
   out.y.assign(out_bytes * n, '\0');
   check_cuda(cudaMemcpy(out.y.data(), dy, out_bytes * n, cudaMemcpyDeviceToHost), "reading outputs");
   return out;
+}
+
+namespace {
+
+// Runs `launch(r, in, out)` for every rank but `absent` on inputs `x` (every
+// rank's `in_bytes` back to back) and returns the outputs (`out_bytes` each).
+template <class Launch>
+GatherScatterResult run_each_rank(VirtualGroup& g, const std::string& x, size_t in_bytes,
+                                  size_t out_bytes, int absent, Launch&& launch) {
+  const int n = g.size();
+  if (x.size() != in_bytes * n) {
+    throw std::runtime_error("x must hold every rank's input back to back");
+  }
+  DeviceGuard guard(g.ordinal());
+  g.refresh();
+  DeviceBuffers bufs;
+  char* dx = static_cast<char*>(bufs.alloc(in_bytes * n));
+  char* dy = static_cast<char*>(bufs.alloc(out_bytes * n));
+  check_cuda(cudaMemcpy(dx, x.data(), x.size(), cudaMemcpyHostToDevice), "copying x");
+  check_cuda(cudaMemset(dy, 0x5A, out_bytes * n), "filling outputs");
+  check_cuda(cudaDeviceSynchronize(), "preparing the calls");
+  for (int r = 0; r < n; ++r) {
+    if (r != absent) check_status(launch(r, dx + r * in_bytes, dy + r * out_bytes), "launching");
+  }
+  g.sync();
+  GatherScatterResult out;
+  out.error = g.refresh();
+  if (!out.error.empty() && absent < 0) throw std::runtime_error(out.error);
+  out.y.assign(out_bytes * n, '\0');
+  check_cuda(cudaMemcpy(out.y.data(), dy, out_bytes * n, cudaMemcpyDeviceToHost), "reading outputs");
+  return out;
+}
+
+}  // namespace
+
+GatherScatterResult virtual_ppermute(VirtualGroup& g, Algorithm algorithm, DType dtype,
+                                     const std::string& x, int64_t count,
+                                     const std::vector<int64_t>& dests, int absent) {
+  if (!has_exchange_kernel(Collective::kPermute, algorithm, dtype)) {
+    throw std::runtime_error("virtual_ppermute: no kernel for this algorithm and dtype");
+  }
+  const int n = g.size();
+  if (count <= 0 || static_cast<int>(dests.size()) != n) {
+    throw std::runtime_error("virtual_ppermute: count must be positive, dests one per rank");
+  }
+  const size_t bytes = static_cast<size_t>(count) * dtype_bytes(dtype);
+  const uint32_t tag = permutation_tag(dests.data(), n);
+  return run_each_rank(g, x, bytes, bytes, absent, [&](int r, const void* in, void* out) {
+    int src = -1;
+    for (int s = 0; s < n; ++s) {
+      if (dests[s] == r) src = s;
+    }
+    return launch_ppermute(algorithm, dtype, g.rank(r).view, in, out, count,
+                           static_cast<int>(dests[r]), src, tag, g.rank(r).stream);
+  });
+}
+
+GatherScatterResult virtual_all_to_all(VirtualGroup& g, Algorithm algorithm, DType dtype,
+                                       const std::string& x, int64_t count, int64_t in_segment,
+                                       int64_t out_segment, int absent) {
+  if (!has_exchange_kernel(Collective::kAllToAll, algorithm, dtype)) {
+    throw std::runtime_error("virtual_all_to_all: no kernel for this algorithm and dtype");
+  }
+  if (in_segment == 0) in_segment = count;
+  if (out_segment == 0) out_segment = count;
+  if (count <= 0 || !segments_fit(algorithm, dtype, count, in_segment) ||
+      !segments_fit(algorithm, dtype, count, out_segment)) {
+    throw std::runtime_error("virtual_all_to_all: segments of " + std::to_string(in_segment) +
+                             " and " + std::to_string(out_segment) +
+                             " elements do not fit pieces of " + std::to_string(count));
+  }
+  const size_t bytes = static_cast<size_t>(count) * dtype_bytes(dtype) * g.size();
+  return run_each_rank(g, x, bytes, bytes, absent, [&](int r, const void* in, void* out) {
+    return launch_all_to_all(algorithm, dtype, g.rank(r).view, in, out, count, in_segment,
+                             out_segment, g.rank(r).stream);
+  });
 }
 
 std::vector<const void*> call_kernel_functions() {

@@ -83,6 +83,20 @@ GatherScatterResult virtual_gather_scatter(VirtualGroup& g, Collective c, Algori
                                            DType dtype, const std::string& x, int64_t count,
                                            int64_t segment);
 
+// One ppermute (`count` elements a rank; dests[r]: rank r's destination, -1:
+// none) or one all-to-all (pieces of `count` elements, the input's in segments
+// of `in_segment`, the output's of `out_segment`; 0: one segment) on every rank
+// of `g`: x holds every rank's input back to back; returns every rank's output
+// back to back and the first recorded error ("" if none). Rank `absent` (>= 0)
+// makes no call: the others give up, and their outputs and the error come
+// back; with every rank present a recorded error throws. (virtual_calls.cu)
+GatherScatterResult virtual_ppermute(VirtualGroup& g, Algorithm algorithm, DType dtype,
+                                     const std::string& x, int64_t count,
+                                     const std::vector<int64_t>& dests, int absent);
+GatherScatterResult virtual_all_to_all(VirtualGroup& g, Algorithm algorithm, DType dtype,
+                                       const std::string& x, int64_t count, int64_t in_segment,
+                                       int64_t out_segment, int absent);
+
 // Kernel time of one call, in microseconds, once per repetition: a CUDA graph
 // holds `iters` consecutive calls on every rank's stream (no joins between
 // calls) and is replayed `reps` times under CUDA events. With `one_launch` each
@@ -96,6 +110,11 @@ std::vector<double> virtual_rmsnorm_bench(VirtualGroup& g, DType dtype, int64_t 
 std::vector<double> virtual_gather_scatter_bench(VirtualGroup& g, Collective c, Algorithm algorithm,
                                                  DType dtype, int64_t count, int64_t segment,
                                                  int iters, int reps);
+// ppermute (dests as for virtual_ppermute) or all-to-all (one segment per piece)
+// of `count` elements a rank (a piece), timed as virtual_bench times.
+std::vector<double> virtual_exchange_bench(VirtualGroup& g, Collective c, Algorithm algorithm,
+                                           DType dtype, int64_t count,
+                                           const std::vector<int64_t>& dests, int iters, int reps);
 // The same graph with an empty kernel per rank and call (`one_launch`: one
 // empty kernel per call): the graph-node floor.
 std::vector<double> virtual_floor(VirtualGroup& g, int iters, int reps, bool one_launch);

@@ -6,6 +6,7 @@
 
 #include "kernels/all_reduce.h"
 #include "kernels/cuda_call.h"
+#include "kernels/exchange.h"
 #include "kernels/gather_scatter.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/utility.h"
@@ -195,6 +196,45 @@ std::vector<double> virtual_gather_scatter_bench(VirtualGroup& g, Collective c, 
   return time_graph(g, iters, reps, false, [&](int r, cudaStream_t s) {
     return launch_gather_scatter(c, algorithm, dtype, g.rank(r).view, in[r], out[r], count, segment,
                                  s);
+  });
+}
+
+std::vector<double> virtual_exchange_bench(VirtualGroup& g, Collective c, Algorithm algorithm,
+                                           DType dtype, int64_t count,
+                                           const std::vector<int64_t>& dests, int iters,
+                                           int reps) {
+  if (count <= 0 || iters <= 0 || reps <= 0) throw std::runtime_error("count, iters and reps must be positive");
+  if (!has_exchange_kernel(c, algorithm, dtype)) {
+    throw std::runtime_error("virtual_exchange_bench: no kernel for this collective, algorithm and dtype");
+  }
+  const int n = g.size();
+  const bool permute = c == Collective::kPermute;
+  if (permute && static_cast<int>(dests.size()) != n) {
+    throw std::runtime_error("virtual_exchange_bench: dests must name one destination per rank");
+  }
+  DeviceGuard guard(g.ordinal());
+  check_no_error(g);
+  const size_t bytes = static_cast<size_t>(count) * dtype_bytes(dtype) * (permute ? 1 : n);
+  DeviceBuffers bufs;
+  std::vector<void*> in(n), out(n);
+  for (int r = 0; r < n; ++r) {
+    in[r] = bufs.alloc(bytes);
+    out[r] = bufs.alloc(bytes);
+    check_cuda(cudaMemset(in[r], 0x11, bytes), "filling inputs");
+  }
+  check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
+  const uint32_t tag = permute ? permutation_tag(dests.data(), n) : 0;
+  return time_graph(g, iters, reps, false, [&](int r, cudaStream_t s) {
+    if (!permute) {
+      return launch_all_to_all(algorithm, dtype, g.rank(r).view, in[r], out[r], count, count,
+                               count, s);
+    }
+    int src = -1;
+    for (int k = 0; k < n; ++k) {
+      if (dests[k] == r) src = k;
+    }
+    return launch_ppermute(algorithm, dtype, g.rank(r).view, in[r], out[r], count,
+                           static_cast<int>(dests[r]), src, tag, s);
   });
 }
 

@@ -73,11 +73,14 @@ struct BlockStart {
   bool had_error;
 };
 
-// Reserves `rounds` consecutive epochs for this block and counts the call;
+// Reserves `rounds` consecutive epochs for this block and counts the call as
+// `calls` signature exchanges (1: one at its start; a one-way collective that
+// exchanges one every round passes `rounds`: round_signature_start, round.cuh);
 // every thread of the block must call it. Thread 0 loads the error word, the
 // epoch and the call count together (one memory round trip) and stores the
 // advanced values at once; the block learns them through shared memory.
-__device__ __forceinline__ BlockStart block_begin(const RankView& v, uint32_t rounds) {
+__device__ __forceinline__ BlockStart block_begin(const RankView& v, uint32_t rounds,
+                                                  uint32_t calls_taken = 1) {
   __shared__ uint64_t s_epoch;
   __shared__ int s_parity;
   __shared__ int s_error;
@@ -86,7 +89,7 @@ __device__ __forceinline__ BlockStart block_begin(const RankView& v, uint32_t ro
     const uint64_t e = v.header->epochs[blockIdx.x];
     const uint32_t calls = v.header->calls[blockIdx.x];
     v.header->epochs[blockIdx.x] = e + rounds;
-    v.header->calls[blockIdx.x] = calls + 1;
+    v.header->calls[blockIdx.x] = calls + calls_taken;
     s_epoch = e + 1;
     s_parity = static_cast<int>(calls & 1);
     s_error = err != 0ull;

@@ -9,6 +9,8 @@
 //   signature_lane / send_signature / signature_ok
 //                                      the call's signature, sent to and checked
 //                                      against every peer's (below)
+//   round_signature_start(bs, r)       a one-way collective's signature exchange
+//                                      of round r (below)
 //
 // Calling contract: a block calls block_begin() first (rank_view.cuh), then these
 // in that order, every thread of the block where a line above says so.
@@ -72,6 +74,23 @@ __device__ __forceinline__ bool block_failed(bool ok) { return __syncthreads_or(
 // call on the same slot, and the argument needs the data path: A cannot finish
 // a round after the first before B passed its first round boundary, where B's
 // signature lanes are done.)
+
+// One-way collectives. A ppermute's data goes from a rank to one peer, and a
+// rank may hear nothing from most peers: receiving nothing from B, A would
+// learn nothing of B's progress, and could write B's slot of parity q again
+// before B read it (the argument above, and channel.cuh's, need every rank to
+// hear from every peer each round). Such a kernel exchanges the signature
+// every round instead of once: round r of a call is the signature exchange
+// of round_signature_start(bs, r), whose slot parity and flag move on with
+// the round, and block_begin(v, rounds, rounds) counts them all. A's round
+// r+2 then starts after it received B's round r+1 signature, which B sends
+// after its round r ended (its reads, and its reset of the round-r slot,
+// done). The signature is 16 bytes each way per peer and round, sent beside
+// the data at the round's start: no barrier, and no wait that the data path
+// would not make anyway once the peers are in step.
+__device__ __forceinline__ BlockStart round_signature_start(const BlockStart& bs, uint32_t r) {
+  return BlockStart{bs.epoch + r, (bs.call_parity + static_cast<int>(r)) & 1, bs.had_error};
+}
 
 // Peer offset k (1..n-1) this thread handles the signature for, 0 if none.
 __device__ __forceinline__ int signature_lane(int n) {
