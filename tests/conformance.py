@@ -18,6 +18,10 @@ import numpy as np
 
 AXIS = "x"
 
+_CYCLIC = [(i, (i + 1) % 4) for i in range(4)]  # (over "x", of size 4)
+_PARTIAL = [(0, 2), (3, 1)]
+_A2A = {"split_axis": 0, "concat_axis": 0, "tiled": True}
+_A2A_10 = {"split_axis": 1, "concat_axis": 0, "tiled": True}
 # collective -> (JAX's, jaxll's), each a function of the per-device value
 COLLECTIVES = {
     "psum": ("psum", {}, "all_reduce", {}),
@@ -30,6 +34,10 @@ COLLECTIVES = {
     "all_gather(to=reduced)": ("all_gather", {"tiled": True, "to": "reduced"},
                                "all_gather", {"tiled": True, "to": "reduced"}),
     "psum_scatter": ("psum_scatter", {"tiled": True}, "psum_scatter", {"tiled": True}),
+    "ppermute(cyclic)": ("ppermute", {"perm": _CYCLIC}, "ppermute", {"perm": _CYCLIC}),
+    "ppermute(partial)": ("ppermute", {"perm": _PARTIAL}, "ppermute", {"perm": _PARTIAL}),
+    "all_to_all": ("all_to_all", _A2A, "all_to_all", _A2A),
+    "all_to_all(split 1, concat 0)": ("all_to_all", _A2A_10, "all_to_all", _A2A_10),
 }
 INPUTS = ("varying", "invariant", "unreduced", "reduced")
 MESHES = ("concrete", "abstract", "set_mesh")

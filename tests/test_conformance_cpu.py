@@ -1,6 +1,7 @@
 """jaxll's collectives give JAX's results and types on 8 CPU devices: every
 collective (psum, pmax, pmin, pmean, all_gather with each ``to=``,
-psum_scatter) x input type (varying, invariant, unreduced, reduced) x mesh form
+psum_scatter, ppermute cyclic and partial, all_to_all along two split
+dimensions) x input type (varying, invariant, unreduced, reduced) x mesh form
 (concrete, abstract, ``jax.set_mesh``) x transform (none, grad outside and
 inside shard_map, vmap). Where JAX raises, jaxll raises the same exception
 class. The cases are in tests/conformance.py (``python tests/conformance.py``

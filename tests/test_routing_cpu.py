@@ -260,7 +260,7 @@ def test_route_checks_its_arguments():
   with pytest.raises(ValueError, match="unknown algorithm"):
     jaxll.route(lambda x: x, algorithm="fastest")
   with pytest.raises(ValueError, match="collectives must be"):
-    jaxll.route(lambda x: x, collectives=("psum", "ppermute"))
+    jaxll.route(lambda x: x, collectives=("psum", "pbroadcast"))
   with pytest.raises(ValueError, match="collectives must be"):
     jaxll.route(lambda x: x, collectives="psum")
   assert callable(jaxll.route(algorithm="oneshot_barrier")(lambda x: x))

@@ -19,6 +19,7 @@ from jaxll.all_reduce import all_reduce
 from jaxll.call_sites import CallSite, explain, recent_call_sites
 from jaxll.rmsnorm import all_reduce_rmsnorm
 from jaxll.gather_scatter import all_gather, psum_scatter
+from jaxll.exchange import all_to_all, ppermute
 from jaxll import extension
 from jaxll.extension import get_cmake_dir, get_include
 from jaxll.placement import AlgorithmUnavailableError
@@ -55,6 +56,7 @@ __all__ = [
     "all_gather",
     "all_reduce",
     "all_reduce_rmsnorm",
+    "all_to_all",
     "check_errors",
     "copy_to_parallel_region",
     "errors",
@@ -67,6 +69,7 @@ __all__ = [
     "psum_scatter",
     "kernels_available",
     "on_error_mode",
+    "ppermute",
     "recent_call_sites",
     "reduce_from_parallel_region",
     "reset",

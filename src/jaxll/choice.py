@@ -216,6 +216,34 @@ def gather_scatter_auto(op: str, group_size: int, nbytes: int, dtype,
   return algorithms.ONESHOT_LL, f"{table} (LL16 {below}); {within}"
 
 
+def exchange_auto(op: str, group_size: int, nbytes: int, dtype) -> tuple[str, str]:
+  """(algorithm, reason) of ``algorithm="auto"`` for a ppermute or an
+  all-to-all (`op`) of an operand of `nbytes` per rank that a kernel can serve:
+  XLA's collective where that is above the all-reduce's crossover, else the
+  faster of the LL16 and sentinel kernels for the piece a peer gets (the whole
+  operand for a ppermute, 1 / group size of it for an all-to-all), by the
+  all-gather's measurements, whose kernel moves the same pieces the same way
+  (LL16 for int32). Deterministic mode chooses alike: both move bits."""
+  if group_size == 1:
+    return algorithms.XLA, f"group of one device: XLA's {op} is a copy"
+  limit = auto_max_bytes(group_size)
+  if nbytes > limit:
+    return algorithms.XLA, f"{nbytes} bytes per rank > auto crossover {limit} bytes"
+  within = f"{nbytes} bytes per rank <= auto crossover {limit} bytes"
+  dtype = np.dtype(dtype)
+  piece = nbytes // (1 if op == "ppermute" else group_size)
+  if dtype.name not in ("float32", "bfloat16", "float16"):
+    return algorithms.ONESHOT_LL, (f"LL16, the one kernel for {dtype.name} (no sentinel "
+                                   f"kernel); {within}")
+  measured, start = sentinel_from("all_gather", dtype.itemsize, group_size)
+  table = (f"gather_scatter table (all_gather, the same pieces): fastest kernel for "
+           f"N={measured}, {dtype.itemsize}-byte elements, pieces of {piece} bytes")
+  if start is not None and piece >= start:
+    return algorithms.ONESHOT_SENTINEL, f"{table} (sentinel from {start}); {within}"
+  below = f"below {start}" if start is not None else "at every size"
+  return algorithms.ONESHOT_LL, f"{table} (LL16 {below}); {within}"
+
+
 # --- The fused all-reduce + RMSNorm -------------------------------------------------
 
 def fused_auto_max_bytes(group_size: int, sentinel: bool = False, twoshot: bool = False) -> int:

@@ -39,6 +39,8 @@ all_gather_invariant_p = _parallel.all_gather_invariant_p
 all_gather_reduced_p = _parallel.all_gather_reduced_p
 reduce_scatter_p = _parallel.reduce_scatter_p
 unreduced_reduce_scatter_p = _parallel.unreduced_reduce_scatter_p
+ppermute_p = _parallel.ppermute_p
+all_to_all_p = _parallel.all_to_all_p
 # unreduced inputs to an all-reduce: sums on every jax; max and min from jax 0.11
 UNREDUCED_ALL_REDUCE = {op: p for op, p in (
     ("sum", _parallel.unreduced_psum_p),

@@ -20,6 +20,8 @@ JAX's primitive                                 jaxll's
 ``all_gather``, ``all_gather_invariant``,         ``jaxll.all_gather`` (``to=`` the same)
 ``all_gather_reduced``
 ``reduce_scatter``, ``unreduced_reduce_scatter``  ``jaxll.psum_scatter``
+``ppermute``                                      ``jaxll.ppermute``
+``all_to_all``                                    ``jaxll.all_to_all``
 =============================================== ==================================
 
 (``pmean`` is a psum and a division.) Each replaced collective is a jaxll call
@@ -43,8 +45,8 @@ once per trace of the caller.
 
 Left alone, and logged once per routed function at INFO on the ``jaxll``
 logger: collectives with ``axis_index_groups``, over positional (pmap) axes,
-not in ``collectives``, and those jaxll has no kernel for (``ppermute``,
-``all_to_all``, ...); a warning says when ``fun`` holds no collective over
+not in ``collectives``, and those jaxll has no kernel for (the asynchronous
+``*_start`` forms, ``ragged_all_to_all``, ``pbroadcast``, ...); a warning says when ``fun`` holds no collective over
 mesh axes at all (a model sharded by annotations alone, whose collectives
 XLA's partitioner adds after tracing). Not seen: collectives inside the
 backward function of a ``custom_vjp`` that ``fun`` does not differentiate
@@ -66,6 +68,7 @@ from jax.extend import core as extend_core
 
 from jaxll import algorithms, gather_scatter, internals, settings
 from jaxll.all_reduce import all_reduce_p
+from jaxll.exchange import all_to_all_p, ppermute_p
 from jaxll.gather_scatter import all_gather_p, psum_scatter_p
 
 logger = logging.getLogger("jaxll")
@@ -75,12 +78,12 @@ logger = logging.getLogger("jaxll")
 _CLOSED = extend_core.ClosedJaxpr
 _OPEN = extend_core.Jaxpr
 
-COLLECTIVES = ("psum", "pmax", "pmin", "all_gather", "psum_scatter")
+COLLECTIVES = ("psum", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute", "all_to_all")
 
 # JAX's collectives that jaxll has no kernel for, by primitive name (the
 # asynchronous *_start forms included): XLA serves them
 _NO_KERNEL = frozenset((
-    "ppermute", "ppermute_start", "all_to_all", "all_to_all_start", "ragged_all_to_all",
+    "ppermute_start", "all_to_all_start", "ragged_all_to_all",
     "pbroadcast", "pbroadcast_start", "pbroadcast_dynamic", "psend", "precv", "pxor",
     "pmax_scatter", "pmin_scatter", "psum_start", "psum_invariant_start",
     "unreduced_psum_start", "all_gather_start", "all_gather_reduced_start",
@@ -110,6 +113,16 @@ def _gather_scatter_rule(prim, dimension: str, **typed):
   return rule
 
 
+def _ppermute_rule(eqn, axes):
+  return ppermute_p, dict(axis_name=axes, perm=tuple(map(tuple, eqn.params["perm"])))
+
+
+def _all_to_all_rule(eqn, axes):
+  p = eqn.params
+  return all_to_all_p, dict(axis_name=axes, split_axis=p["split_axis"],
+                            concat_axis=p["concat_axis"], tiled=p["tiled"])
+
+
 _gather = functools.partial(_gather_scatter_rule, all_gather_p, "all_gather_dimension")
 _scatter = functools.partial(_gather_scatter_rule, psum_scatter_p, "scatter_dimension")
 
@@ -125,6 +138,8 @@ _RULES = {
     internals.all_gather_reduced_p: ("all_gather", _gather(to="reduced")),
     internals.reduce_scatter_p: ("psum_scatter", _scatter(unreduced=False)),
     internals.unreduced_reduce_scatter_p: ("psum_scatter", _scatter(unreduced=True)),
+    internals.ppermute_p: ("ppermute", _ppermute_rule),
+    internals.all_to_all_p: ("all_to_all", _all_to_all_rule),
 }
 for _op, _prim in internals.UNREDUCED_ALL_REDUCE.items():
   _RULES[_prim] = ("p" + _op, _all_reduce_rule(_op, True, True))
@@ -155,7 +170,8 @@ def route(fun=None, *, algorithm: str = "auto", collectives=COLLECTIVES,
       or a kernel name, given to the routed collectives that have that kernel
       (the others take ``"auto"``).
     collectives: which to route, of ``"psum"`` (with pmean), ``"pmax"``,
-      ``"pmin"``, ``"all_gather"`` and ``"psum_scatter"``.
+      ``"pmin"``, ``"all_gather"``, ``"psum_scatter"``, ``"ppermute"`` and
+      ``"all_to_all"``.
     deterministic: as for :func:`jaxll.all_reduce`, for every routed
       collective (None: ``JAXLL_DETERMINISTIC``, read at each call).
   """
