@@ -6,7 +6,8 @@ squares; then the decode shape, rows of 8192 bf16, whose
 one-row-wave kernel adds a clustered row's squares by st.async: the run fails
 unless that path ran), the group twins of the kernels (every rank's blocks in one
 launch: each all-reduce kernel, the fused decode-shape and two-shot cuts), and
-the all-gather and reduce-scatter kernels (the LL16, sentinel and barrier kernels, two sizes per N).
+the all-gather and reduce-scatter kernels (the LL16, sentinel and barrier kernels, two sizes
+per N), and the ppermute and all-to-all kernels (the same, between all-reduces).
 
   compute-sanitizer --tool racecheck python3 tests/gpu_scripts/sanitizer_run.py [CALLS] [RANKS]
 
@@ -160,6 +161,26 @@ for n in ranks:
         print(n, "gather" if coll == 2 else "scatter", alg, count, "ok" if ok else f"FAILED {err}",
               flush=True)
         bad += int(not ok)
+  # ppermute (a ring shift, several rounds, between all-reduces: one-way calls
+  # among all-pairs ones) and all-to-all, the three protocols
+  for alg in ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier"):
+    dt = np.float32 if alg == "oneshot_sentinel" else np.int32
+    code, dcode = algorithms.SPECS[alg].code, algorithms.DTYPE_CODES[np.dtype(dt).name]
+    for count in (5, 3001):
+      xp = np.random.default_rng(count + 1).integers(-100, 100, size=(n, n * count)).astype(dt)
+      dests = [(r + 1) % n for r in range(n)]
+      y, err = tools.virtual_ppermute(comm, code, dcode, xp.tobytes(), n * count, dests)
+      ok = not err and np.array_equal(np.frombuffer(y, dt).reshape(n, -1), np.roll(xp, 1, 0))
+      y, err = tools.virtual_all_to_all(comm, code, dcode, xp.tobytes(), count)
+      want = np.stack([np.concatenate([xp[j].reshape(n, count)[r] for j in range(n)])
+                       for r in range(n)])
+      ok = ok and not err and np.array_equal(np.frombuffer(y, dt).reshape(n, -1), want)
+      res = tools.virtual_stress(comm, [algorithms.SPECS["oneshot_ll"].code],
+                                 algorithms.DTYPE_CODES["float32"], algorithms.OP_CODES["sum"],
+                                 [count], n, 1)
+      ok = ok and not res["mismatches"] and not res["error"]
+      print(n, "ppermute, all_to_all", alg, count, "ok" if ok else f"FAILED {err}", flush=True)
+      bad += int(not ok)
   ext.free_workspace(comm)
   if n == 1:
     continue
