@@ -13,7 +13,8 @@ Two figures, both in steady state with no host sync inside the timed region:
   of every rank's blocks, which start together (the floor: one empty kernel a
   call).
 * a one-GPU mesh, jitted chain of ``--chain`` steps ``v = f(v) * 0.5`` with f
-  the empty FFI custom call (``jaxll_noop``) or ``jaxll.all_reduce``; the
+  the empty FFI custom call (``jaxll_noop``) or ``jaxll.all_reduce`` (with
+  ``--jit-collectives``, also ``jaxll.ppermute`` and ``jaxll.all_to_all``); the
   compiled chain runs ``--runs`` times back to back with one sync at the end,
   repeated ``--reps`` times; the median per step is kept. ``--feedback 1``
   (default): each run takes the previous run's donated output, as a training
@@ -96,6 +97,15 @@ def kernel_section(args, pdl: str) -> list[dict]:
   return rows
 
 
+# The collectives a jitted chain may call (on the one-GPU mesh: a group of one,
+# whose kernels still run, epochs, signatures and all)
+COLLECTIVE_CALLS = {
+    "all_reduce": lambda v, algo: jaxll.all_reduce(v, "x", algorithm=algo),
+    "ppermute": lambda v, algo: jaxll.ppermute(v, "x", [(0, 0)], algorithm=algo),
+    "all_to_all": lambda v, algo: jaxll.all_to_all(v, "x", 0, 0, tiled=True, algorithm=algo),
+}
+
+
 def jit_section(args, pdl: str, feedback: bool) -> list[dict]:
   """The chains are compiled first, then timed in interleaved repetitions (each
   repetition times every chain once), so drifts hit all of them alike."""
@@ -117,13 +127,15 @@ def jit_section(args, pdl: str, feedback: bool) -> list[dict]:
   mesh = jax.make_mesh((1,), ("x",), devices=[dev])
   for nbytes in args.sizes:
     xs = jax.device_put(np.ones(max(1, nbytes // 4), np.float32), NamedSharding(mesh, P("x")))
-    for algo in args.jit_algorithms:
-      def body(v, algo=algo):
-        for _ in range(args.chain):
-          v = jaxll.all_reduce(v, "x", algorithm=algo) * half
-        return v
-      f = jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
-      chains.append((f"all_reduce[{algo}]*0.5", nbytes, f, xs))
+    for coll in args.jit_collectives:
+      call = COLLECTIVE_CALLS[coll]
+      for algo in args.jit_algorithms:
+        def body(v, algo=algo, call=call):
+          for _ in range(args.chain):
+            v = call(v, algo) * half
+          return v
+        f = jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+        chains.append((f"{coll}[{algo}]*0.5", nbytes, f, xs))
   samples = {(name, nbytes): [] for name, nbytes, _, _ in chains}
   for _, _, f, x in chains:
     jax.block_until_ready(f(jax.numpy.copy(x)))  # compile
@@ -148,6 +160,8 @@ def main() -> None:
   p.add_argument("--sizes", type=int, nargs="+", default=[8, 4096])
   p.add_argument("--algorithms", nargs="+", default=BARRIER_FREE)
   p.add_argument("--jit-algorithms", nargs="+", default=["oneshot_ll", "oneshot_sentinel"])
+  p.add_argument("--jit-collectives", nargs="+", default=["all_reduce"],
+                 choices=sorted(COLLECTIVE_CALLS), help="what the jitted chains call")
   p.add_argument("--launch", nargs="+", choices=["streams", "one"], default=["streams"],
                  help="streams: each rank's call its own launch on its own stream; one: "
                       "every rank's blocks in one launch")

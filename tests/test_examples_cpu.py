@@ -103,3 +103,16 @@ def test_quickstart_runs_and_checks_on_cpu(tmp_path):
                      env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
   assert "on 8 virtual CPU devices" in r.stdout and "max vs pmax equal: True" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("processes", [0, 2])
+def test_moe_decode_all_to_alls_agree(tmp_path, processes):
+  report, stdout = _run(tmp_path, "moe_decode.py", "--dtype", "float32", "--hidden", "64",
+                        "--ffn", "64", "--experts", "8", "--layers", "2", "--steps", "3",
+                        *(["--processes", str(processes)] if processes else []))
+  assert report["ran_on"].startswith(f"{processes or 8} CPU devices"), report["ran_on"]
+  assert report["same_output"] is True, report
+  assert report["runs"]["jaxll"]["paths"] == ["xla"]  # (CPU: both sides XLA's)
+  assert report["runs"]["jaxll"]["call_sites"] == 2  # dispatch and combine (the scan body)
+  assert report["bytes_per_peer"] == 8 // (processes or 8) * 4 * 64 * 4
+  assert "same output (xla, jaxll): yes" in stdout

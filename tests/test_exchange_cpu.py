@@ -256,3 +256,32 @@ def test_segments_place_pieces_as_numpy_does(shape, split, concat):
       y[piece(j, seg_out)] = xs[j].ravel()[piece(r, seg_in)]
     want = np.concatenate([np.split(x, n, axis=split)[r] for x in xs], axis=concat)
     np.testing.assert_array_equal(y.reshape(out_shape), want)
+
+
+@pytest.mark.parametrize("nbytes,want", [(64, "oneshot_ll"), (1 << 19, "oneshot_sentinel"),
+                                         (1 << 21, "xla")])
+def test_lowered_for_cuda(mesh1, monkeypatch, nbytes, want):
+  # Lowered for CUDA (no GPU needed) with the workspace lookup forced: auto's
+  # choice by size, the custom calls and their attributes (the permutation packed
+  # four bits a rank, the runs of an all-to-all's pieces)
+  from jaxll import algorithms, placement
+  monkeypatch.setenv("JAXLL_AUTO_MAX_BYTES", str(1 << 20))
+  monkeypatch.setattr(placement, "unserved", lambda ctx, axes: (8, ""))
+  monkeypatch.setattr(placement, "workspace_for", lambda ctx, axes: (7, 8, ""))
+  perm = [(i, 7 - i) for i in range(7)]  # (rank 7 sends nothing)
+  cols = nbytes // 32
+  x = jax.device_put(np.zeros((8 * 8, cols), np.float32), NamedSharding(mesh1, P("tp")))
+  body = lambda v: (jaxll.ppermute(v, "tp", perm), jaxll.all_to_all(v, "tp", 0, 1, tiled=True))
+  f = jax.jit(jax.shard_map(body, mesh=mesh1, in_specs=P("tp"), out_specs=(P("tp"), P("tp"))))
+  text = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  sites = {s.op: s for s in jaxll.recent_call_sites()[-2:]}
+  assert sites["ppermute"].algorithm == want and sites["all_to_all"].algorithm == want, sites
+  if want == "xla":
+    assert "jaxll_ppermute" not in text and "jaxll_all_to_all" not in text
+    return
+  dests = sum((7 - i) << (4 * i) for i in range(7))
+  assert f"dests = {dests} : i64" in text and "senders = 127 : i64" in text, text[-3000:]
+  assert text.count(f"algorithm = {algorithms.SPECS[want].code} : i64") == 2
+  # (8, cols) split along 0 into rows, concatenated along 1: the input's pieces
+  # are whole, the output's in runs of cols elements
+  assert f"in_segment = {cols} : i64, out_segment = {cols} : i64" in text, text[-3000:]

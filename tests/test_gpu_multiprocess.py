@@ -124,6 +124,24 @@ def test_all_gather_and_psum_scatter_through_processes(n, reverse, mps):
   assert workers[0].result["stress_kernels"]["auto"] == ["oneshot_ll", "oneshot_sentinel"]
 
 
+@pytest.mark.parametrize("n,reverse", [(2, False), (4, False), (8, False), (4, True)])
+def test_ppermute_and_all_to_all_through_processes(n, reverse, mps):
+  # jaxll.ppermute (ring, swap, partial) and jaxll.all_to_all with the one-shot
+  # kernels and auto against numpy, bit for bit (tests/mp_scripts/exchange_check.py),
+  # their gradients and jax.lax's under route through the kernels, and a stress
+  # chain per kernel: 500 steps of a shift, two all-to-alls and a shift back
+  script = os.path.join(os.path.dirname(CHECKS), "exchange_check.py")
+  workers = launch.run(script, n, args=["--reverse"] if reverse else [], timeout=TIMEOUT,
+                       env=ENV, mps=mps, devices=["0"] * n)
+  assert [w.result["rank"] for w in workers] == [n - 1 - p if reverse else p for p in range(n)]
+  for w in workers:
+    assert not w.result["errors"], (w.process_id, w.result["errors"])
+    # 5 cases x 3 kernels, less the sentinel's int32 case, 5 with auto, 2 gradients,
+    # 4 stress chains
+    assert w.result["cases"] == 25
+  print(f"\nN={n}: paths {workers[0].result['paths']}")
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_mesh_forms_and_routing_take_kernels_through_processes(n, mps):
   # abstract mesh, jax.set_mesh, unreduced inputs, all_gather(to=), and

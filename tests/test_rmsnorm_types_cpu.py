@@ -251,12 +251,16 @@ def test_lowered_attributes_are_the_ones_the_handlers_declare(mesh, monkeypatch)
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   declared = _declared_attributes(
       [os.path.join(root, "ffi", "runtime", f) for f in
-       ("all_reduce_op.cc", "rmsnorm_op.cc", "gather_scatter_op.cc", "program_ops.cc")] +
+       ("all_reduce_op.cc", "rmsnorm_op.cc", "gather_scatter_op.cc", "exchange_op.cc",
+        "program_ops.cc")] +
       [os.path.join(root, "ffi", "testing", "virtual_ffi.cc")])
   lowered = _lowered_attributes(cuda_text(mesh, monkeypatch, hidden=64))  # fused + all_reduce
   monkeypatch.setattr(placement, "group_size", lambda ctx, axes: 8)
   for fn in (lambda v: jaxll.all_gather(v, "tp", tiled=True, algorithm="oneshot_ll"),
-             lambda v: jaxll.psum_scatter(v, "tp", tiled=True, algorithm="oneshot_ll")):
+             lambda v: jaxll.psum_scatter(v, "tp", tiled=True, algorithm="oneshot_ll"),
+             lambda v: jaxll.ppermute(v, "tp", [(i, 7 - i) for i in range(8)],
+                                      algorithm="oneshot_ll"),
+             lambda v: jaxll.all_to_all(v, "tp", 0, 0, tiled=True, algorithm="oneshot_ll")):
     f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("tp"), out_specs=P("tp")))
     x = jax.device_put(np.zeros((8 * 64,), np.float32), NamedSharding(mesh, P("tp")))
     lowered.update(_lowered_attributes(f.trace(x).lower(lowering_platforms=("cuda",)).as_text()))
@@ -272,6 +276,7 @@ def test_lowered_attributes_are_the_ones_the_handlers_declare(mesh, monkeypatch)
     lowered.update(_lowered_attributes(
         jax.jit(g).trace(x, x, w).lower(lowering_platforms=("cuda",)).as_text()))
   want = {"jaxll_all_reduce", "jaxll_all_reduce_rmsnorm", "jaxll_gather_scatter", "jaxll_check",
+          "jaxll_ppermute", "jaxll_all_to_all",
           "jaxll_virtual_all_reduce", "jaxll_virtual_all_reduce_graph",
           "jaxll_virtual_all_reduce_rmsnorm", "jaxll_virtual_all_reduce_rmsnorm_graph"}
   assert want <= set(lowered), sorted(lowered)

@@ -248,7 +248,7 @@ def test_extension_facts():
   # the runtime's handlers, and whether XLA may capture each into a command buffer
   assert {name: cb for name, (_, cb, _) in ext.handlers().items()} == {
       "jaxll_all_reduce": True, "jaxll_all_reduce_rmsnorm": True, "jaxll_gather_scatter": True,
-      "jaxll_join": True, "jaxll_noop": True, "jaxll_check": False,
+      "jaxll_ppermute": True, "jaxll_all_to_all": True, "jaxll_join": True, "jaxll_noop": True, "jaxll_check": False,
       "jaxll_device_ordinal": False}
   # the testing tools' own (a module apart: the runtime does not hold them)
   from jaxll.tools import testing
