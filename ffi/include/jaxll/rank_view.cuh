@@ -74,7 +74,7 @@ struct BlockStart {
 };
 
 // Reserves `rounds` consecutive epochs for this block and counts the call as
-// `calls` signature exchanges (1: one at its start; a one-way collective that
+// `calls_taken` signature exchanges (1: one at its start; a one-way collective that
 // exchanges one every round passes `rounds`: round_signature_start, round.cuh);
 // every thread of the block must call it. Thread 0 loads the error word, the
 // epoch and the call count together (one memory round trip) and stores the

@@ -86,8 +86,8 @@ __device__ __forceinline__ bool block_failed(bool ok) { return __syncthreads_or(
 // r+2 then starts after it received B's round r+1 signature, which B sends
 // after its round r ended (its reads, and its reset of the round-r slot,
 // done). The signature is 16 bytes each way per peer and round, sent beside
-// the data at the round's start: no barrier, and no wait that the data path
-// would not make anyway once the peers are in step.
+// the data at the round's start by the spare warp: no barrier phase, but a
+// round ends only once every peer has started it.
 __device__ __forceinline__ BlockStart round_signature_start(const BlockStart& bs, uint32_t r) {
   return BlockStart{bs.epoch + r, (bs.call_parity + static_cast<int>(r)) & 1, bs.had_error};
 }
