@@ -248,17 +248,17 @@ def test_extension_facts():
   # the runtime's handlers, and whether XLA may capture each into a command buffer
   assert {name: cb for name, (_, cb, _) in ext.handlers().items()} == {
       "jaxll_all_reduce": True, "jaxll_all_reduce_rmsnorm": True, "jaxll_gather_scatter": True,
-      "jaxll_ppermute": True, "jaxll_all_to_all": True, "jaxll_join": True, "jaxll_noop": True, "jaxll_check": False,
-      "jaxll_device_ordinal": False}
+      "jaxll_ppermute": True, "jaxll_all_to_all": True, "jaxll_join": True, "jaxll_noop": True,
+      "jaxll_check": False, "jaxll_device_ordinal": False}
   # the testing tools' own (a module apart: the runtime does not hold them)
   from jaxll.tools import testing
   assert {name: cb for name, (_, cb, _) in testing._tools.handlers().items()} == {
       "jaxll_virtual_all_reduce": False, "jaxll_virtual_all_reduce_graph": True,
       "jaxll_virtual_all_reduce_rmsnorm": False, "jaxll_virtual_all_reduce_rmsnorm_graph": True}
-  # a record stage (XLA FFI API 0.5, jaxlib 0.12 and newer) for the three collective targets
+  # a record stage (XLA FFI API 0.5, jaxlib 0.12 and newer) for the five collective targets
   with_record = {name for name, (_, _, rec) in ext.handlers().items() if rec is not None}
-  assert with_record == ({"jaxll_all_reduce", "jaxll_all_reduce_rmsnorm", "jaxll_gather_scatter"}
-                         if ext.record_stage else set())
+  assert with_record == ({"jaxll_all_reduce", "jaxll_all_reduce_rmsnorm", "jaxll_gather_scatter",
+                          "jaxll_ppermute", "jaxll_all_to_all"} if ext.record_stage else set())
   assert ext.record_stage == (tuple(ext.ffi_api_version) >= (0, 5))
   assert all(rec is None for _, _, rec in testing._tools.handlers().values())
 
