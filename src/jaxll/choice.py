@@ -202,13 +202,21 @@ def gather_scatter_auto(op: str, group_size: int, nbytes: int, dtype,
     within = f"{moved} bytes per rank, above auto's crossover {limit} bytes to XLA"
   else:
     return algorithms.XLA, f"{moved} bytes per rank > auto crossover {limit} bytes"
-  dtype = np.dtype(dtype)
   piece = nbytes // (1 if op == "all_gather" else group_size)
+  return _ll_or_sentinel(op, "gather_scatter table", dtype, group_size, piece, within)
+
+
+def _ll_or_sentinel(table_op: str, label: str, dtype, group_size: int, piece: int,
+                    within: str) -> tuple[str, str]:
+  """The faster of the LL16 and sentinel kernels for pieces of `piece` bytes,
+  by the gather_scatter table's row of `table_op` (LL16 for int32, which has no
+  sentinel kernel), and why: `label`, then `within`."""
+  dtype = np.dtype(dtype)
   if dtype.name not in ("float32", "bfloat16", "float16"):
-    return algorithms.ONESHOT_LL, (f"gather_scatter table: LL16, the one kernel for "
+    return algorithms.ONESHOT_LL, (f"{label}: LL16, the one kernel for "
                                    f"{dtype.name} (no sentinel kernel); {within}")
-  measured, start = sentinel_from(op, dtype.itemsize, group_size)
-  table = (f"gather_scatter table: fastest kernel for N={measured}, {dtype.itemsize}-byte "
+  measured, start = sentinel_from(table_op, dtype.itemsize, group_size)
+  table = (f"{label}: fastest kernel for N={measured}, {dtype.itemsize}-byte "
            f"elements, pieces of {piece} bytes")
   if start is not None and piece >= start:
     return algorithms.ONESHOT_SENTINEL, f"{table} (sentinel from {start}); {within}"
@@ -230,18 +238,9 @@ def exchange_auto(op: str, group_size: int, nbytes: int, dtype) -> tuple[str, st
   if nbytes > limit:
     return algorithms.XLA, f"{nbytes} bytes per rank > auto crossover {limit} bytes"
   within = f"{nbytes} bytes per rank <= auto crossover {limit} bytes"
-  dtype = np.dtype(dtype)
   piece = nbytes // (1 if op == "ppermute" else group_size)
-  if dtype.name not in ("float32", "bfloat16", "float16"):
-    return algorithms.ONESHOT_LL, (f"LL16, the one kernel for {dtype.name} (no sentinel "
-                                   f"kernel); {within}")
-  measured, start = sentinel_from("all_gather", dtype.itemsize, group_size)
-  table = (f"gather_scatter table (all_gather, the same pieces): fastest kernel for "
-           f"N={measured}, {dtype.itemsize}-byte elements, pieces of {piece} bytes")
-  if start is not None and piece >= start:
-    return algorithms.ONESHOT_SENTINEL, f"{table} (sentinel from {start}); {within}"
-  below = f"below {start}" if start is not None else "at every size"
-  return algorithms.ONESHOT_LL, f"{table} (LL16 {below}); {within}"
+  return _ll_or_sentinel("all_gather", "gather_scatter table (all_gather, the same pieces)",
+                         dtype, group_size, piece, within)
 
 
 # --- The fused all-reduce + RMSNorm -------------------------------------------------

@@ -41,9 +41,9 @@ import numpy as np
 from jax import lax
 from jax.interpreters import ad, batching
 
-from jaxll import algorithms, call_sites, choice, internals, ordering, placement, sites
+from jaxll import algorithms, choice, internals, ordering, placement, sites
 from jaxll.gather_scatter import (_KERNEL_DTYPES, _SENTINEL_DTYPES, _UNIT_BYTES, ALGORITHMS,
-                                  _map_leaves, _requested)
+                                  _map_leaves, _requested, record_site)
 from jaxll.placement import AlgorithmUnavailableError
 
 ppermute_p = internals.CollectivePrimitive("jaxll_ppermute")
@@ -335,19 +335,6 @@ def _axes_size(ctx, axes: tuple) -> int:
   return int(np.prod([shape[a] for a in axes], dtype=np.int64))
 
 
-def _record(ctx, out, op: str, axes: tuple, size: int, algorithm: str, ws: int, kernel: str,
-            reason: str, dimension: int):
-  aval = ctx.avals_in[0]
-  site = call_sites.CallSite(
-      site=sites.site_of(ctx), axes=",".join(map(str, axes)), group_size=size,
-      shape=str(tuple(aval.shape)), dtype=str(np.dtype(aval.dtype)),
-      nbytes=int(aval.size) * np.dtype(aval.dtype).itemsize, op=op, requested=algorithm,
-      algorithm=kernel if ws else "xla", reason=reason, workspace=ws, dimension=dimension)
-  call_sites.tag(out, site)  # (jaxll.explain reads it back from the lowered text)
-  call_sites.record(site)
-  return out
-
-
 def _ppermute_lowering(ctx, x, *, axis_name, perm, algorithm):
   aval = ctx.avals_in[0]
   size = _axes_size(ctx, axis_name)
@@ -367,7 +354,7 @@ def _ppermute_lowering(ctx, x, *, axis_name, perm, algorithm):
   else:
     out = internals.xla_lowering(internals.ppermute_p, placement.platforms(ctx))(
         ctx, x, axis_name=axis_name, perm=perm)
-  return _record(ctx, out, "ppermute", axis_name, size, algorithm, ws, kernel, reason, -1)
+  return record_site(ctx, out, "ppermute", axis_name, size, algorithm, ws, kernel, reason, -1)
 
 
 def _all_to_all_lowering(ctx, x, *, split_axis, concat_axis, axis_name, tiled, algorithm):
@@ -385,7 +372,7 @@ def _all_to_all_lowering(ctx, x, *, split_axis, concat_axis, axis_name, tiled, a
     out = internals.xla_lowering(internals.all_to_all_p, placement.platforms(ctx))(
         ctx, x, split_axis=split_axis, concat_axis=concat_axis, axis_name=axis_name,
         axis_index_groups=None, tiled=tiled)
-  return _record(ctx, out, "all_to_all", axis_name, size, algorithm, ws, kernel, reason,
+  return record_site(ctx, out, "all_to_all", axis_name, size, algorithm, ws, kernel, reason,
                  split_axis)
 
 

@@ -464,11 +464,19 @@ def _lower(ctx, x, prim, op: str, dim: int, axes: tuple, size: int, algorithm: s
     # (every typed form of the collective lowers to the same XLA op as this one)
     out = internals.xla_lowering(prim, placement.platforms(ctx))(
         ctx, x, axis_name=axes, axis_index_groups=None, axis_size=size, **params)
+  return record_site(ctx, out, op, axes, size, algorithm, ws, kernel, reason, dim)
+
+
+def record_site(ctx, out, op: str, axes: tuple, size: int, requested: str, ws: int,
+                kernel: str, reason: str, dimension: int):
+  """Records the call site `ctx` lowers (op, path and reason) for jaxll.explain,
+  tagged onto its result `out`, and returns `out`."""
+  aval = ctx.avals_in[0]
   site = call_sites.CallSite(
       site=sites.site_of(ctx), axes=",".join(map(str, axes)), group_size=size,
       shape=str(tuple(aval.shape)), dtype=str(np.dtype(aval.dtype)),
-      nbytes=int(aval.size) * np.dtype(aval.dtype).itemsize, op=op, requested=algorithm,
-      algorithm=kernel if ws else "xla", reason=reason, workspace=ws, dimension=dim)
+      nbytes=int(aval.size) * np.dtype(aval.dtype).itemsize, op=op, requested=requested,
+      algorithm=kernel if ws else "xla", reason=reason, workspace=ws, dimension=dimension)
   call_sites.tag(out, site)  # (jaxll.explain reads it back from the lowered text)
   call_sites.record(site)
   return out
