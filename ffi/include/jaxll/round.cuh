@@ -114,15 +114,19 @@ __device__ __forceinline__ void send_signature(const Args& a, int k, int n, cons
 // this call's and resets the slot. False on a mismatch (recorded with both
 // signatures, so every wait of this rank gives up at once) or a wait that gave
 // up. Called right after send_signature: the spare warp's lanes wait here
-// while the data path runs; their result joins the block's at the end.
+// while the data path runs; their result joins the block's at the end. A wait
+// that gives up records `timeout_kind`: kNotStarted for a call's first
+// signature; a one-way collective's later rounds pass kTimeout (the peer had
+// started).
 template <class Args>
-__device__ __forceinline__ bool signature_ok(const Args& a, int k, int n, const BlockStart& bs) {
+__device__ __forceinline__ bool signature_ok(const Args& a, int k, int n, const BlockStart& bs,
+                                             ErrorKind timeout_kind = ErrorKind::kNotStarted) {
   if (k == 0) return true;
   const RankView& v = a.view;
   const int src = peer_at(v.rank, k, n);
   LL16* slot = signature_slot(v, v.rank, blockIdx.x, bs.call_parity, src);
   WaitContext ctx = wait_context(v, bs.epoch);
-  ctx.timeout_kind = ErrorKind::kNotStarted;
+  ctx.timeout_kind = timeout_kind;
   uint64_t theirs = 0;
   if (!ll16_wait(slot, static_cast<uint32_t>(bs.epoch), ctx, static_cast<uint32_t>(src),
                  &theirs)) {
