@@ -68,8 +68,8 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
     if (kOneWay || r == 0) {
       const BlockStart rs = round_signature_start(bs, r);
       send_signature(a, sig_lane, n, rs);
-      ok = signature_ok(a, sig_lane, n, rs, r == 0 ? ErrorKind::kNotStarted : ErrorKind::kTimeout) &&
-           ok;
+      const ErrorKind gave_up = r == 0 ? ErrorKind::kNotStarted : ErrorKind::kTimeout;
+      ok = signature_ok(a, sig_lane, n, rs, gave_up) && ok;
     }
     round_start<P>(v, p, &ok);
     if (sends) {

@@ -373,7 +373,7 @@ def _all_to_all_lowering(ctx, x, *, split_axis, concat_axis, axis_name, tiled, a
         ctx, x, split_axis=split_axis, concat_axis=concat_axis, axis_name=axis_name,
         axis_index_groups=None, tiled=tiled)
   return record_site(ctx, out, "all_to_all", axis_name, size, algorithm, ws, kernel, reason,
-                 split_axis)
+                     split_axis)
 
 
 internals.register_lowering(ppermute_p, _ppermute_lowering)
