@@ -357,30 +357,26 @@ def test_any_dimension_lowers_to_the_kernel_with_its_segments(mesh1, monkeypatch
   assert f"segment = {segment} : i64" in text, text[-3000:]
 
 
-def test_segments_decide_the_protocol(mesh1, monkeypatch):
-  # 32 KiB float32 pieces take the sentinel kernel along dimension 0; along the
-  # last dimension of 2 elements (8-byte segments) LL16 serves instead (its
-  # unit is 8 bytes), and a 4-byte segment leaves the call to XLA, saying why
+def test_segments_of_any_size_take_a_kernel(mesh1, monkeypatch):
+  # 32 KiB float32 pieces take the sentinel kernel (the table's choice for the
+  # piece size) along dimension 0 and along the last dimension, where the
+  # segments (8 and 4 bytes) are shorter than its 16-byte unit: the kernel
+  # moves such pieces element by element; every kernel named explicitly serves
   from jaxll import algorithms
-  x = _put(mesh1, np.zeros((8, 4096, 2), np.float32), P("tp"))
-  _, sites = _lower_for_cuda(mesh1, monkeypatch,
-                             lambda v: jaxll.all_gather(v[0], "tp", tiled=True)[None], x)
-  assert [s.algorithm for s in sites] == ["oneshot_sentinel"], sites
-  _, sites = _lower_for_cuda(mesh1, monkeypatch,
-                             lambda v: jaxll.all_gather(v[0], "tp", axis=1, tiled=True)[None], x)
-  assert [s.algorithm for s in sites] == ["oneshot_ll"], sites
-  assert "segments of 8 B, not a multiple of oneshot_sentinel's 16-byte unit" in sites[0].reason
-  x = _put(mesh1, np.zeros((8, 4096, 1), np.float32), P("tp"))
-  text, sites = _lower_for_cuda(
-      mesh1, monkeypatch, lambda v: jaxll.all_gather(v[0], "tp", axis=1, tiled=True)[None], x)
-  assert [s.algorithm for s in sites] == ["xla"], sites
-  assert "segments of 4 B, not a multiple of oneshot_ll's 8-byte unit" in sites[0].reason
-  assert "jaxll_gather_scatter" not in text
-  # a kernel named explicitly raises where its unit does not fit
-  with pytest.raises(jaxll.AlgorithmUnavailableError, match="not a multiple of oneshot_barrier"):
-    _lower_for_cuda(mesh1, monkeypatch, lambda v: jaxll.all_gather(
-        v[0], "tp", axis=1, tiled=True, algorithm="oneshot_barrier")[None],
-        _put(mesh1, np.zeros((8, 64, 2), np.float32), P("tp")))
+  for shape, segment in (((8, 4096, 2), 2), ((8, 8192, 1), 1)):
+    x = _put(mesh1, np.zeros(shape, np.float32), P("tp"))
+    _, sites = _lower_for_cuda(mesh1, monkeypatch,
+                               lambda v: jaxll.all_gather(v[0], "tp", tiled=True)[None], x)
+    assert [s.algorithm for s in sites] == ["oneshot_sentinel"], sites
+    text, sites = _lower_for_cuda(
+        mesh1, monkeypatch, lambda v: jaxll.all_gather(v[0], "tp", axis=1, tiled=True)[None], x)
+    assert [s.algorithm for s in sites] == ["oneshot_sentinel"], sites
+    assert f"segment = {segment} : i64" in text
+  for algorithm in ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier"):
+    _, sites = _lower_for_cuda(mesh1, monkeypatch, lambda v: jaxll.psum_scatter(
+        v[0], "tp", scatter_dimension=1, tiled=True, algorithm=algorithm)[None],
+        _put(mesh1, np.zeros((8, 3, 8 * 3), np.float32), P("tp")))
+    assert [s.algorithm for s in sites] == [algorithm], sites
   assert algorithms.SPECS["oneshot_ll"].code != algorithms.SPECS["oneshot_sentinel"].code
 
 

@@ -142,6 +142,19 @@ def test_ppermute_and_all_to_all_through_processes(n, reverse, mps):
   print(f"\nN={n}: paths {workers[0].result['paths']}")
 
 
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_ragged_all_to_all_through_processes(n, mps):
+  # jaxll.ragged_all_to_all through the kernel against numpy, bit for bit
+  # (tests/mp_scripts/ragged_check.py), its gradients and jax.lax's under route
+  # through the kernels, and a 300-step loop of ragged shifts
+  script = os.path.join(os.path.dirname(CHECKS), "ragged_check.py")
+  workers = launch.run(script, n, timeout=TIMEOUT, env=ENV, mps=mps, devices=["0"] * n)
+  for w in workers:
+    assert not w.result["errors"], (w.process_id, w.result["errors"])
+    assert w.result["cases"] == 15  # 6 cases x 2 algorithms, 2 gradients, the loop
+  print(f"\nN={n}: paths {workers[0].result['paths']}")
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_mesh_forms_and_routing_take_kernels_through_processes(n, mps):
   # abstract mesh, jax.set_mesh, unreduced inputs, all_gather(to=), and

@@ -252,7 +252,7 @@ def test_lowered_attributes_are_the_ones_the_handlers_declare(mesh, monkeypatch)
   declared = _declared_attributes(
       [os.path.join(root, "ffi", "runtime", f) for f in
        ("all_reduce_op.cc", "rmsnorm_op.cc", "gather_scatter_op.cc", "exchange_op.cc",
-        "program_ops.cc")] +
+        "ragged_op.cc", "program_ops.cc")] +
       [os.path.join(root, "ffi", "testing", "virtual_ffi.cc")])
   lowered = _lowered_attributes(cuda_text(mesh, monkeypatch, hidden=64))  # fused + all_reduce
   monkeypatch.setattr(placement, "group_size", lambda ctx, axes: 8)
@@ -264,6 +264,11 @@ def test_lowered_attributes_are_the_ones_the_handlers_declare(mesh, monkeypatch)
     f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("tp"), out_specs=P("tp")))
     x = jax.device_put(np.zeros((8 * 64,), np.float32), NamedSharding(mesh, P("tp")))
     lowered.update(_lowered_attributes(f.trace(x).lower(lowering_platforms=("cuda",)).as_text()))
+  ragged = lambda v: jaxll.ragged_all_to_all(v, v, *(jnp.zeros(8, jnp.int32),) * 4,
+                                             axis_name="tp", algorithm="oneshot_ll")
+  f = jax.jit(jax.shard_map(ragged, mesh=mesh, in_specs=P("tp"), out_specs=P("tp")))
+  x = jax.device_put(np.zeros((8 * 64,), np.float32), NamedSharding(mesh, P("tp")))
+  lowered.update(_lowered_attributes(f.trace(x).lower(lowering_platforms=("cuda",)).as_text()))
   monkeypatch.setattr(jt, "virtual_workspace", lambda n, device=None, config=None:
                       pytypes.SimpleNamespace(id=7))
   x = jax.ShapeDtypeStruct((2, 3, 64), np.float32)
@@ -276,7 +281,7 @@ def test_lowered_attributes_are_the_ones_the_handlers_declare(mesh, monkeypatch)
     lowered.update(_lowered_attributes(
         jax.jit(g).trace(x, x, w).lower(lowering_platforms=("cuda",)).as_text()))
   want = {"jaxll_all_reduce", "jaxll_all_reduce_rmsnorm", "jaxll_gather_scatter", "jaxll_check",
-          "jaxll_ppermute", "jaxll_all_to_all",
+          "jaxll_ppermute", "jaxll_all_to_all", "jaxll_ragged_all_to_all",
           "jaxll_virtual_all_reduce", "jaxll_virtual_all_reduce_graph",
           "jaxll_virtual_all_reduce_rmsnorm", "jaxll_virtual_all_reduce_rmsnorm_graph"}
   assert want <= set(lowered), sorted(lowered)

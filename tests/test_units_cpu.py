@@ -118,13 +118,13 @@ def test_algorithm_catalogue_matches_the_kernels():
         assert ext.has_kernel(spec.code, dcode, ocode) == promised, (name, dt, op)
   never_auto = {s.name for s in algorithms.SPECS.values() if not s.auto}
   assert never_auto == {"twoshot_ll128_atomic", "oneshot_barrier", "twoshot_barrier"}
-  # ... and the gather/scatter kernels: the dtypes jaxll.gather_scatter offers
+  # ... and the gather/scatter kernels: the dtypes jaxll.collective_common offers
   # each algorithm (it keeps them for installs without kernels) are the table's
-  from jaxll import gather_scatter
+  from jaxll import collective_common
   for collective in ("all_gather", "psum_scatter"):
-    for name in gather_scatter.KERNEL_ALGORITHMS:
-      promised = (gather_scatter._SENTINEL_DTYPES if name == "oneshot_sentinel"
-                  else gather_scatter._KERNEL_DTYPES)
+    for name in collective_common.KERNEL_ALGORITHMS:
+      promised = (collective_common.SENTINEL_DTYPES if name == "oneshot_sentinel"
+                  else collective_common.KERNEL_DTYPES)
       for dt, dcode in algorithms.DTYPE_CODES.items():
         assert ext.has_gather_scatter_kernel(algorithms.COLLECTIVE_CODES[collective],
                                              algorithms.SPECS[name].code, dcode) == (
@@ -248,17 +248,19 @@ def test_extension_facts():
   # the runtime's handlers, and whether XLA may capture each into a command buffer
   assert {name: cb for name, (_, cb, _) in ext.handlers().items()} == {
       "jaxll_all_reduce": True, "jaxll_all_reduce_rmsnorm": True, "jaxll_gather_scatter": True,
-      "jaxll_ppermute": True, "jaxll_all_to_all": True, "jaxll_join": True, "jaxll_noop": True,
-      "jaxll_check": False, "jaxll_device_ordinal": False}
+      "jaxll_ppermute": True, "jaxll_all_to_all": True, "jaxll_ragged_all_to_all": True,
+      "jaxll_join": True, "jaxll_noop": True, "jaxll_check": False,
+      "jaxll_device_ordinal": False}
   # the testing tools' own (a module apart: the runtime does not hold them)
   from jaxll.tools import testing
   assert {name: cb for name, (_, cb, _) in testing._tools.handlers().items()} == {
       "jaxll_virtual_all_reduce": False, "jaxll_virtual_all_reduce_graph": True,
       "jaxll_virtual_all_reduce_rmsnorm": False, "jaxll_virtual_all_reduce_rmsnorm_graph": True}
-  # a record stage (XLA FFI API 0.5, jaxlib 0.12 and newer) for the five collective targets
+  # a record stage (XLA FFI API 0.5, jaxlib 0.12 and newer) for the six collective targets
   with_record = {name for name, (_, _, rec) in ext.handlers().items() if rec is not None}
   assert with_record == ({"jaxll_all_reduce", "jaxll_all_reduce_rmsnorm", "jaxll_gather_scatter",
-                          "jaxll_ppermute", "jaxll_all_to_all"} if ext.record_stage else set())
+                          "jaxll_ppermute", "jaxll_all_to_all", "jaxll_ragged_all_to_all"}
+                         if ext.record_stage else set())
   assert ext.record_stage == (tuple(ext.ffi_api_version) >= (0, 5))
   assert all(rec is None for _, _, rec in testing._tools.handlers().values())
 

@@ -95,18 +95,17 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
   if (n != 1 && block_failed(ok)) poison_units<T, W>(y, share.u0, share.u1, a.count, vy);
 }
 
-template <Proto P, class T>
+template <Proto P, class T, bool K>
 __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
     all_to_all_kernel(AllToAllArgs g) {
   constexpr int W = unit_bytes<P>();
   const AllReduceArgs& a = g.base;
   const RankView& v = a.view;
-  const int rank = v.rank;
   const int n = v.nranks;
-  const Pieces<const T, W> x(static_cast<const T*>(a.in), a.count, g.in_segment, n);
-  const Pieces<T, W> y(static_cast<T*>(a.out), a.count, g.out_segment, n);
-  const bool vx = vector_pieces(x);
-  const bool vy = vector_pieces(y);
+  const Pieces<const T, W, K> x(static_cast<const T*>(a.in), a.count, g.in_segment, n);
+  const Pieces<T, W, K> y(static_cast<T*>(a.out), a.count, g.out_segment, n);
+  const bool vx = x.vector();
+  const bool vy = y.vector();
   const BlockShare share = block_share(a);
   collective_prologue(a);
   const BlockStart bs = block_begin(v, share.rounds);
@@ -121,28 +120,10 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
     const RoundPlace p = round_place(a, share, bs, r);
     const Channel<P, T> ch(v, 0, static_cast<int>(blockIdx.x), p.parity, p.epoch);
     round_start<P>(v, p, &ok);
-    // piece j of this rank's input goes to rank j, next rank first
-    for (int i = threadIdx.x; i < p.len; i += blockDim.x) {
-      int64_t k_unit;  // (every piece's unit i lies at the same place of its segment)
-      const T* const seg0 = x.at(0, p.r0 + i, &k_unit);
-      for (int k = 1; k < n; ++k) {
-        const int dst = peer_at(rank, k, n);
-        ch.send(dst, i, ch.prepare(load_unit<T, W>(seg0 + dst * x.segment, k_unit, x.segment, vx)));
-      }
-      y.store(rank, p.r0 + i, vy, load_unit<T, W>(seg0 + rank * x.segment, k_unit, x.segment, vx));
-    }
+    // piece j of this rank's input goes to rank j (its own piece to its output)
+    send_pieces<2, P, T, W, K>(ch, x, vx, p, &y, vy);
     round_sent<P>(v, p, &ok);
-    for (int i = threadIdx.x; i < p.len; i += blockDim.x) {
-      int64_t k_unit;
-      T* const seg0 = y.at(0, p.r0 + i, &k_unit);
-      for (int k = 1; k < n; ++k) {
-        const int src = peer_at(rank, k, n);
-        Unit<W> u;
-        if (ok) ok = channel_recv<P, T, W>(ch, src, i, &u);
-        store_unit<T, W>(seg0 + src * y.segment, k_unit, y.segment, vy,
-                         ok ? u : poison_unit<W>());
-      }
-    }
+    receive_pieces<P, T, W, K>(ch, y, vy, p, &ok);
     if (r + 1 < share.rounds && round_boundary(ok)) {
       y.poison(share, vy);  // earlier rounds too
       return;
@@ -151,41 +132,45 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
   if (n != 1 && block_failed(ok)) y.poison(share, vy);
 }
 
-// The kernel of `c` for protocol P over element type T.
+// The kernel of `c` for protocol P over element type T (an all-to-all's
+// pieces in the packed form where `packed`: Pieces, pieces.cuh).
 template <Proto P, class T>
-const void* kernel_of(Collective c) {
+const void* kernel_of(Collective c, bool packed) {
   if (c == Collective::kPermute) return reinterpret_cast<const void*>(&permute_kernel<P, T>);
-  if (c == Collective::kAllToAll) return reinterpret_cast<const void*>(&all_to_all_kernel<P, T>);
+  if (c == Collective::kAllToAll) {
+    return packed ? reinterpret_cast<const void*>(&all_to_all_kernel<P, T, true>)
+                  : reinterpret_cast<const void*>(&all_to_all_kernel<P, T, false>);
+  }
   return nullptr;
 }
 
 template <Proto P>
-const void* kernel_of(Collective c, DType dtype) {
+const void* kernel_of(Collective c, DType dtype, bool packed) {
   if constexpr (P == Proto::kSentinel) {
     // the pattern is a per-type NaN: one kernel per floating type, none for int32
     switch (dtype) {
-      case DType::kF32: return kernel_of<P, float>(c);
-      case DType::kBF16: return kernel_of<P, __nv_bfloat16>(c);
-      case DType::kF16: return kernel_of<P, __half>(c);
+      case DType::kF32: return kernel_of<P, float>(c, packed);
+      case DType::kBF16: return kernel_of<P, __nv_bfloat16>(c, packed);
+      case DType::kF16: return kernel_of<P, __half>(c, packed);
       default: return nullptr;
     }
   } else {
     // bits: one kernel per element size
     switch (dtype_bytes(dtype)) {
-      case 4: return kernel_of<P, int32_t>(c);
-      case 2: return kernel_of<P, __half>(c);
+      case 4: return kernel_of<P, int32_t>(c, packed);
+      case 2: return kernel_of<P, __half>(c, packed);
       default: return nullptr;
     }
   }
 }
 
-const void* kernel_for(Collective c, Algorithm algorithm, DType dtype) {
+const void* kernel_for(Collective c, Algorithm algorithm, DType dtype, bool packed = false) {
   Proto p;
   if (!proto_of(algorithm, &p)) return nullptr;
   switch (p) {
-    case Proto::kLL: return kernel_of<Proto::kLL>(c, dtype);
-    case Proto::kSentinel: return kernel_of<Proto::kSentinel>(c, dtype);
-    case Proto::kBarrier: return kernel_of<Proto::kBarrier>(c, dtype);
+    case Proto::kLL: return kernel_of<Proto::kLL>(c, dtype, packed);
+    case Proto::kSentinel: return kernel_of<Proto::kSentinel>(c, dtype, packed);
+    case Proto::kBarrier: return kernel_of<Proto::kBarrier>(c, dtype, packed);
   }
   return nullptr;
 }
@@ -239,15 +224,19 @@ Status launch_ppermute(Algorithm algorithm, DType dtype, const RankView& view, c
 Status launch_all_to_all(Algorithm algorithm, DType dtype, const RankView& view, const void* in,
                          void* out, int64_t count, int64_t in_segment, int64_t out_segment,
                          cudaStream_t stream) {
-  const void* fn = kernel_for(Collective::kAllToAll, algorithm, dtype);
-  if (fn == nullptr) return Status::NoKernel();
-  if (!segments_fit(algorithm, dtype, count, in_segment) ||
-      !segments_fit(algorithm, dtype, count, out_segment)) {
+  if (kernel_for(Collective::kAllToAll, algorithm, dtype) == nullptr) return Status::NoKernel();
+  if (!segments_fit(count, in_segment) || !segments_fit(count, out_segment)) {
     return Status::NoPlan();
   }
-  const LaunchPlan plan = plan_all_reduce(algorithm, count, dtype_bytes(dtype), view.nranks,
-                                          view.geo, view.max_blocks, view.signatures != 0);
+  const int unit = unit_bytes_of(algorithm);
+  const void* fn = kernel_for(Collective::kAllToAll, algorithm, dtype,
+                              pieces_packed(count, in_segment, dtype_bytes(dtype), unit) ||
+                                  pieces_packed(count, out_segment, dtype_bytes(dtype), unit));
+  LaunchPlan plan = plan_all_reduce(algorithm, count, dtype_bytes(dtype), view.nranks, view.geo,
+                                    view.max_blocks, view.signatures != 0);
   if (plan.blocks == 0) return Status::NoPlan();
+  plan.threads = piece_lane_threads(std::min(plan.span, plan.round_units), view.nranks,
+                                    view.signatures != 0);
   const bool pdl = launches_early(view, plan.blocks);
   // (the layout of the pieces is part of what peers must agree on: folded into
   // the signature's reduction field)
@@ -271,8 +260,12 @@ std::vector<const void*> exchange_kernel_functions() {
     for (Algorithm a : {Algorithm::kOneShotLL, Algorithm::kOneShotSentinel,
                         Algorithm::kOneShotBarrier}) {
       for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
-        const void* fn = kernel_for(c, a, d);
-        if (fn != nullptr && std::find(out.begin(), out.end(), fn) == out.end()) out.push_back(fn);
+        for (bool packed : {false, true}) {
+          const void* fn = kernel_for(c, a, d, packed);
+          if (fn != nullptr && std::find(out.begin(), out.end(), fn) == out.end()) {
+            out.push_back(fn);
+          }
+        }
       }
     }
   }

@@ -44,7 +44,7 @@ struct GatherScatterArgs {
   int64_t segment;  // elements of one segment of a piece (count: one segment)
 };
 
-template <Proto P, class T>
+template <Proto P, class T, bool K>
 __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
     gather_kernel(GatherScatterArgs g) {
   constexpr int W = unit_bytes<P>();
@@ -53,9 +53,9 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
   const int rank = v.rank;
   const int n = v.nranks;
   const T* x = static_cast<const T*>(a.in);
-  const Pieces<T, W> y(static_cast<T*>(a.out), a.count, g.segment, n);
+  const Pieces<T, W, K> y(static_cast<T*>(a.out), a.count, g.segment, n);
   const bool vx = reinterpret_cast<uintptr_t>(x) % W == 0;
-  const bool vy = vector_pieces(y);
+  const bool vy = y.vector();
   const BlockShare share = block_share(a);
   collective_prologue(a);
   const BlockStart bs = block_begin(v, share.rounds);
@@ -72,23 +72,14 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
     const int len = p.len;
     const Channel<P, T> ch(v, 0, static_cast<int>(blockIdx.x), p.parity, p.epoch);
     round_start<P>(v, p, &ok);
-    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+    const int threads = static_cast<int>(lane_threads(v));
+    for (int i = threadIdx.x; i < len && static_cast<int>(threadIdx.x) < threads; i += threads) {
       const Unit<W> u = load_unit<T, W>(x, r0 + i, a.count, vx);
       send_to_peers<0>(ch, n, i, ch.prepare(u));
       y.store(rank, r0 + i, vy, u);
     }
     round_sent<P>(v, p, &ok);
-    for (int i = threadIdx.x; i < len; i += blockDim.x) {
-      int64_t k_unit;  // (every peer's unit i lies at the same place of its segment)
-      T* const seg0 = y.at(0, r0 + i, &k_unit);
-      for (int k = 1; k < n; ++k) {
-        const int src = peer_at(rank, k, n);
-        Unit<W> u;
-        if (ok) ok = channel_recv<P, T, W>(ch, src, i, &u);
-        store_unit<T, W>(seg0 + src * y.segment, k_unit, y.segment, vy,
-                         ok ? u : poison_unit<W>());
-      }
-    }
+    receive_pieces<P, T, W, K>(ch, y, vy, p, &ok);
     if (r + 1 < share.rounds && round_boundary(ok)) {
       y.poison(share, vy);  // earlier rounds too
       return;
@@ -97,7 +88,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
   if (n != 1 && block_failed(ok)) y.poison(share, vy);
 }
 
-template <Proto P, class T>
+template <Proto P, class T, bool K>
 __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
     scatter_kernel(GatherScatterArgs g) {
   constexpr int W = unit_bytes<P>();
@@ -105,9 +96,9 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
   const RankView& v = a.view;
   const int rank = v.rank;
   const int n = v.nranks;
-  const Pieces<const T, W> x(static_cast<const T*>(a.in), a.count, g.segment, n);
+  const Pieces<const T, W, K> x(static_cast<const T*>(a.in), a.count, g.segment, n);
   T* y = static_cast<T*>(a.out);
-  const bool vx = vector_pieces(x);
+  const bool vx = x.vector();
   const bool vy = reinterpret_cast<uintptr_t>(y) % W == 0;
   const BlockShare share = block_share(a);
   collective_prologue(a);
@@ -126,14 +117,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
     const Channel<P, T> ch(v, 0, static_cast<int>(blockIdx.x), p.parity, p.epoch);
     round_start<P>(v, p, &ok);
     // piece j of this rank's input goes to rank j, next rank first
-    for (int i = threadIdx.x; i < len; i += blockDim.x) {
-      int64_t k_unit;  // (every piece's unit i lies at the same place of its segment)
-      const T* const seg0 = x.at(0, r0 + i, &k_unit);
-      for (int k = 1; k < n; ++k) {
-        const int dst = peer_at(rank, k, n);
-        ch.send(dst, i, ch.prepare(load_unit<T, W>(seg0 + dst * x.segment, k_unit, x.segment, vx)));
-      }
-    }
+    send_pieces<1, P, T, W, K>(ch, x, vx, p, nullptr, false);
     round_sent<P>(v, p, &ok);
     for (int i = threadIdx.x; i < len; i += blockDim.x) {
       const Unit<W> own = ch.prepare(x.load(rank, r0 + i, vx));
@@ -150,56 +134,62 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSM)
 }
 
 
-template <Proto P>
+template <Proto P, bool K>
 const void* gather_fn(DType dtype) {
   if constexpr (P == Proto::kSentinel) {
     // the pattern is a per-type NaN: one kernel per floating type, none for int32
     switch (dtype) {
-      case DType::kF32: return reinterpret_cast<const void*>(&gather_kernel<P, float>);
-      case DType::kBF16: return reinterpret_cast<const void*>(&gather_kernel<P, __nv_bfloat16>);
-      case DType::kF16: return reinterpret_cast<const void*>(&gather_kernel<P, __half>);
+      case DType::kF32: return reinterpret_cast<const void*>(&gather_kernel<P, float, K>);
+      case DType::kBF16: return reinterpret_cast<const void*>(&gather_kernel<P, __nv_bfloat16, K>);
+      case DType::kF16: return reinterpret_cast<const void*>(&gather_kernel<P, __half, K>);
       default: return nullptr;
     }
   } else {
     // bits: one kernel per element size
     switch (dtype_bytes(dtype)) {
-      case 4: return reinterpret_cast<const void*>(&gather_kernel<P, int32_t>);
-      case 2: return reinterpret_cast<const void*>(&gather_kernel<P, __half>);
+      case 4: return reinterpret_cast<const void*>(&gather_kernel<P, int32_t, K>);
+      case 2: return reinterpret_cast<const void*>(&gather_kernel<P, __half, K>);
       default: return nullptr;
     }
   }
 }
 
-template <Proto P>
+template <Proto P, bool K>
 const void* scatter_fn(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return reinterpret_cast<const void*>(&scatter_kernel<P, float>);
-    case DType::kBF16: return reinterpret_cast<const void*>(&scatter_kernel<P, __nv_bfloat16>);
-    case DType::kF16: return reinterpret_cast<const void*>(&scatter_kernel<P, __half>);
+    case DType::kF32: return reinterpret_cast<const void*>(&scatter_kernel<P, float, K>);
+    case DType::kBF16: return reinterpret_cast<const void*>(&scatter_kernel<P, __nv_bfloat16, K>);
+    case DType::kF16: return reinterpret_cast<const void*>(&scatter_kernel<P, __half, K>);
     case DType::kI32:
       if constexpr (P == Proto::kSentinel) {
         return nullptr;  // (all-ones is a valid int32)
       } else {
-        return reinterpret_cast<const void*>(&scatter_kernel<P, int32_t>);
+        return reinterpret_cast<const void*>(&scatter_kernel<P, int32_t, K>);
       }
   }
   return nullptr;
 }
 
-template <Proto P>
+template <Proto P, bool K>
 const void* kernel_of(Collective c, DType dtype) {
-  if (c == Collective::kAllGather) return gather_fn<P>(dtype);
-  if (c == Collective::kReduceScatter) return scatter_fn<P>(dtype);
+  if (c == Collective::kAllGather) return gather_fn<P, K>(dtype);
+  if (c == Collective::kReduceScatter) return scatter_fn<P, K>(dtype);
   return nullptr;
 }
 
-const void* kernel_for(Collective c, Algorithm algorithm, DType dtype) {
+template <Proto P>
+const void* kernel_of(Collective c, DType dtype, bool packed) {
+  return packed ? kernel_of<P, true>(c, dtype) : kernel_of<P, false>(c, dtype);
+}
+
+// The kernel of the combination, packed (Pieces) or not.
+const void* kernel_for(Collective c, Algorithm algorithm, DType dtype, bool packed = false) {
   Proto p;
   if (!proto_of(algorithm, &p)) return nullptr;
   switch (p) {
-    case Proto::kLL: return kernel_of<Proto::kLL>(c, dtype);
-    case Proto::kSentinel: return kernel_of<Proto::kSentinel>(c, dtype);
-    case Proto::kBarrier: return kernel_of<Proto::kBarrier>(c, dtype);
+    case Proto::kLL: return kernel_of<Proto::kLL>(c, dtype, packed);
+    case Proto::kSentinel: return kernel_of<Proto::kSentinel>(c, dtype, packed);
+    case Proto::kBarrier: return kernel_of<Proto::kBarrier>(c, dtype, packed);
   }
   return nullptr;
 }
@@ -213,12 +203,16 @@ bool has_gather_scatter_kernel(Collective c, Algorithm algorithm, DType dtype) {
 Status launch_gather_scatter(Collective c, Algorithm algorithm, DType dtype, const RankView& view,
                              const void* in, void* out, int64_t count, int64_t segment,
                              cudaStream_t stream) {
-  const void* fn = kernel_for(c, algorithm, dtype);
-  if (fn == nullptr) return Status::NoKernel();
-  if (!segments_fit(algorithm, dtype, count, segment)) return Status::NoPlan();
-  const LaunchPlan plan = plan_all_reduce(algorithm, count, dtype_bytes(dtype), view.nranks,
-                                          view.geo, view.max_blocks, view.signatures != 0);
+  if (kernel_for(c, algorithm, dtype) == nullptr) return Status::NoKernel();
+  if (!segments_fit(count, segment)) return Status::NoPlan();
+  const void* fn = kernel_for(
+      c, algorithm, dtype,
+      pieces_packed(count, segment, dtype_bytes(dtype), unit_bytes_of(algorithm)));
+  LaunchPlan plan = plan_all_reduce(algorithm, count, dtype_bytes(dtype), view.nranks, view.geo,
+                                    view.max_blocks, view.signatures != 0);
   if (plan.blocks == 0) return Status::NoPlan();
+  plan.threads = piece_lane_threads(std::min(plan.span, plan.round_units), view.nranks,
+                                    view.signatures != 0);
   const bool pdl = launches_early(view, plan.blocks);
   // (a call's segment is part of what its peers must agree on: folded into the
   // signature's reduction field, which these collectives do not use)
@@ -232,12 +226,8 @@ Status launch_gather_scatter(Collective c, Algorithm algorithm, DType dtype, con
   return launch_collective(fn, plan.blocks, plan.threads, pdl, &args, stream);
 }
 
-bool segments_fit(Algorithm algorithm, DType dtype, int64_t count, int64_t segment) {
-  if (segment <= 0 || segment > count || count % segment != 0) return false;
-  if (segment == count) return true;
-  const int unit = algorithm == Algorithm::kOneShotLL ? unit_bytes<Proto::kLL>()
-                                                      : unit_bytes<Proto::kBarrier>();
-  return (segment * dtype_bytes(dtype)) % unit == 0;
+bool segments_fit(int64_t count, int64_t segment) {
+  return segment > 0 && segment <= count && count % segment == 0;
 }
 
 std::vector<const void*> gather_scatter_kernel_functions() {
@@ -246,9 +236,13 @@ std::vector<const void*> gather_scatter_kernel_functions() {
     for (Algorithm a : {Algorithm::kOneShotLL, Algorithm::kOneShotSentinel,
                         Algorithm::kOneShotBarrier}) {
       for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
-        const void* fn = kernel_for(c, a, d);
-        // (the bit-moving gathers serve several dtypes with one kernel)
-        if (fn != nullptr && std::find(out.begin(), out.end(), fn) == out.end()) out.push_back(fn);
+        for (bool packed : {false, true}) {
+          const void* fn = kernel_for(c, a, d, packed);
+          // (the bit-moving gathers serve several dtypes with one kernel)
+          if (fn != nullptr && std::find(out.begin(), out.end(), fn) == out.end()) {
+            out.push_back(fn);
+          }
+        }
       }
     }
   }

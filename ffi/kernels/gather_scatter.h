@@ -26,10 +26,10 @@ bool has_gather_scatter_kernel(Collective c, Algorithm algorithm, DType dtype);
 Status launch_gather_scatter(Collective c, Algorithm algorithm, DType dtype, const RankView& view,
                              const void* in, void* out, int64_t count, int64_t segment,
                              cudaStream_t stream);
-// Whether `algorithm` moves pieces of `count` elements cut into segments of
-// `segment`: segment divides count, and is count or a whole number of the
-// protocol's transfer units (8 bytes for LL16, 16 for the others).
-bool segments_fit(Algorithm algorithm, DType dtype, int64_t count, int64_t segment);
+// Whether pieces of `count` elements can be cut into segments of `segment`:
+// segment divides count. (A segment that is not a whole number of the
+// protocol's transfer units moves element by element: Pieces, pieces.cuh.)
+bool segments_fit(int64_t count, int64_t segment);
 std::vector<const void*> gather_scatter_kernel_functions();
 
 }  // namespace jaxll

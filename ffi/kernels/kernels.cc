@@ -8,6 +8,7 @@
 #include "kernels/all_reduce.h"
 #include "kernels/cuda_call.h"
 #include "kernels/exchange.h"
+#include "kernels/ragged.h"
 #include "kernels/gather_scatter.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/utility.h"
@@ -20,6 +21,7 @@ std::vector<const void*> kernel_functions() {
   for (const void* fn : rmsnorm_kernel_functions()) out.push_back(fn);
   for (const void* fn : gather_scatter_kernel_functions()) out.push_back(fn);
   for (const void* fn : exchange_kernel_functions()) out.push_back(fn);
+  for (const void* fn : ragged_kernel_functions()) out.push_back(fn);
   for (const void* fn : utility_kernel_functions()) out.push_back(fn);
   return out;
 }

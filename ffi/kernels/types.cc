@@ -50,7 +50,8 @@ const std::vector<CodeName>& collective_codes() {
       {"all_gather", static_cast<int>(Collective::kAllGather)},
       {"psum_scatter", static_cast<int>(Collective::kReduceScatter)},
       {"ppermute", static_cast<int>(Collective::kPermute)},
-      {"all_to_all", static_cast<int>(Collective::kAllToAll)}};
+      {"all_to_all", static_cast<int>(Collective::kAllToAll)},
+      {"ragged_all_to_all", static_cast<int>(Collective::kRaggedAllToAll)}};
   return t;
 }
 
@@ -93,6 +94,11 @@ std::string describe_signature(uint64_t sig) {
     return "all_to_all of pieces of " + std::to_string(d.count) + " " + dtype +
            " elements, algorithm " + name_of(algorithm_codes(), d.algorithm) + ", layout " +
            std::to_string(d.op);
+  }
+  if (d.collective == static_cast<uint32_t>(Collective::kRaggedAllToAll)) {
+    return "ragged_all_to_all of at most " + std::to_string(d.count) + " 8-byte units of " +
+           dtype + " a peer, algorithm " + name_of(algorithm_codes(), d.algorithm) +
+           ", layout " + std::to_string(d.op) + " (slices a peer and row size)";
   }
   const std::string what =
       d.collective == 0 ? "all_reduce" : "collective " + std::to_string(d.collective);

@@ -33,6 +33,7 @@ enum class Collective : uint32_t {
   kReduceScatter = 3,
   kPermute = 4,
   kAllToAll = 5,
+  kRaggedAllToAll = 6,
 };
 
 int dtype_bytes(DType t);

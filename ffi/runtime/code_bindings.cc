@@ -42,6 +42,7 @@ nb::dict codes() {
   kinds["mismatch"] = static_cast<int>(ErrorKind::kMismatch);
   kinds["freed"] = static_cast<int>(ErrorKind::kFreed);
   kinds["not_started"] = static_cast<int>(ErrorKind::kNotStarted);
+  kinds["ragged"] = static_cast<int>(ErrorKind::kRagged);
   d["error_kinds"] = kinds;
   return d;
 }

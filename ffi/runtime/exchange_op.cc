@@ -92,11 +92,11 @@ ffi::Error AllToAllExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   const int64_t count = in / n;
   if (count == 0) return ffi::Error::Success();
   const Algorithm a = static_cast<Algorithm>(algorithm);
-  if (!segments_fit(a, dtype, count, in_segment) || !segments_fit(a, dtype, count, out_segment)) {
+  if (!segments_fit(count, in_segment) || !segments_fit(count, out_segment)) {
     return ffi::Error::InvalidArgument(
         "jaxll: all_to_all pieces of " + std::to_string(count) + " elements cannot be cut into " +
         "segments of " + std::to_string(in_segment) + " and " + std::to_string(out_segment) +
-        " for this algorithm (a segment must divide the piece and be whole transfer units)");
+        " (a segment must divide the piece)");
   }
   if (ffi::Error e = use_device(ordinal); e.failure()) return e;
   const Status s = launch_all_to_all(a, dtype, call_view(*r, uses_pdl), x.untyped_data(),

@@ -50,11 +50,10 @@ ffi::Error GatherScatterExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBu
                                        " its input's elements, of its type");
   }
   if (count == 0) return ffi::Error::Success();
-  if (!segments_fit(static_cast<Algorithm>(algorithm), dtype, count, segment)) {
+  if (!segments_fit(count, segment)) {
     return ffi::Error::InvalidArgument(
         "jaxll: " + name + " pieces of " + std::to_string(count) + " elements cannot be cut " +
-        "into segments of " + std::to_string(segment) + " for this algorithm (a segment must " +
-        "divide the piece and be whole transfer units)");
+        "into segments of " + std::to_string(segment) + " (a segment must divide the piece)");
   }
   if (ffi::Error e = use_device(ordinal); e.failure()) return e;
   const Status s = launch_gather_scatter(kind, static_cast<Algorithm>(algorithm), dtype,

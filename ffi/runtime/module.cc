@@ -27,6 +27,7 @@ NB_MODULE(JAXLL_MODULE_NAME, m) {
   jaxll::bind_all_reduce_rmsnorm(m, handlers);
   jaxll::bind_gather_scatter(m, handlers);
   jaxll::bind_exchange(m, handlers);
+  jaxll::bind_ragged_all_to_all(m, handlers);
   jaxll::bind_program_ops(m, handlers);
   jaxll::bind_workspaces(m);
   jaxll::bind_devices(m);

@@ -10,6 +10,7 @@
 
 #include "jaxll/error_word.h"
 #include "jaxll/workspace_layout.h"
+#include "kernels/ragged.h"
 #include "kernels/types.h"
 
 namespace jaxll {
@@ -198,6 +199,42 @@ uint64_t Workspace::error_word(const Rank& r) const {
   return r.host_error ? *reinterpret_cast<volatile unsigned long long*>(r.host_error) : 0;
 }
 
+namespace {
+
+// What a kRagged error's host record says (kernels/ragged.h), in words.
+std::string describe_ragged(const DecodedError& d, uint64_t first, uint64_t second) {
+  const auto problem = static_cast<RaggedProblem>(first >> 48);
+  const std::string slice = std::to_string((first >> 32) & 0xFFFF);
+  const int32_t a = static_cast<int32_t>(first & 0xFFFFFFFFu);
+  const int32_t b = static_cast<int32_t>(second >> 32);
+  const int32_t c = static_cast<int32_t>(second & 0xFFFFFFFFu);
+  const std::string rank = "rank " + std::to_string(d.rank);
+  const std::string peer = "rank " + std::to_string(d.peer);
+  const std::string rows = [](int32_t from, int32_t count) {
+    return "rows [" + std::to_string(from) + ", " + std::to_string(int64_t{from} + count) + ")";
+  }(a, b);
+  switch (problem) {
+    case RaggedProblem::kSizes:
+      return "ragged_all_to_all: " + rank + " expects " + std::to_string(a) + " rows in slice " +
+             slice + " from " + peer + " (its recv_sizes) but " + peer + " sends " +
+             std::to_string(b) + " (its send_sizes): send_sizes must equal jax.lax.all_to_all of "
+             "recv_sizes.";
+    case RaggedProblem::kInputRange:
+      return "ragged_all_to_all: " + rank + "'s slice " + slice + " for " + peer + " reads " +
+             rows + " of an operand of " + std::to_string(c) + " rows (input_offsets, send_sizes).";
+    case RaggedProblem::kOutputRange:
+      return "ragged_all_to_all: the slice " + slice + " that " + peer + " sends " + rank +
+             " goes to " + rows + " of an output of " + std::to_string(c) +
+             " rows (the sender's output_offsets, send_sizes).";
+    case RaggedProblem::kPeerSlice:
+      return "ragged_all_to_all: the slice " + slice + " that " + peer + " sends " + rank +
+             " reads rows outside " + peer + "'s operand (" + peer + " records which).";
+  }
+  return "ragged_all_to_all: sizes or offsets out of range.";
+}
+
+}  // namespace
+
 std::string Workspace::describe_error(const Rank& r, uint64_t word) const {
   const DecodedError d = decode_error(word);
   std::string msg = "jaxll: workspace " + std::to_string(id_) + ", " + where(r) + ": ";
@@ -221,6 +258,11 @@ std::string Workspace::describe_error(const Rank& r, uint64_t word) const {
            "same sequence of jaxll calls, or was not scheduled, or has died. Results of this "
            "and every later call on this workspace are poisoned (all-ones bits, NaN for "
            "floats) until jaxll.reset() is called on every rank.";
+  } else if (d.kind == ErrorKind::kRagged) {
+    msg += describe_ragged(d, rec ? rec[1] : 0, rec ? rec[2] : 0) +
+           " The outputs of this call are poisoned (all-ones bits, NaN for floats), and so are "
+           "those of every later call on this workspace until jaxll.reset() is called on every "
+           "rank.";
   } else {
     char hex[32];
     std::snprintf(hex, sizeof(hex), "0x%016llx", static_cast<unsigned long long>(word));

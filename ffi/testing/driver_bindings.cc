@@ -146,6 +146,22 @@ void bind_checks(nb::module_& m) {
     return nb::make_tuple(as_bytes(out.y), out.error);
   }, "id"_a, "algorithm"_a, "dtype"_a, "x"_a, "count"_a, "in_segment"_a = 0,
         "out_segment"_a = 0, "absent"_a = -1);
+  m.def("virtual_ragged_all_to_all", [](int64_t id, int algorithm, int dtype, nb::bytes operand,
+                                        nb::bytes output, int64_t operand_rows,
+                                        int64_t output_rows, int64_t row_elems,
+                                        std::vector<int32_t> sizes, int absent) {
+    VirtualGroup& g = group_of(id);
+    RaggedCase c{as_string(operand), as_string(output), operand_rows, output_rows, row_elems,
+                 std::move(sizes)};
+    GatherScatterResult out;
+    {
+      nb::gil_scoped_release release;
+      out = virtual_ragged_all_to_all(g, static_cast<Algorithm>(algorithm),
+                                      static_cast<DType>(dtype), c, absent);
+    }
+    return nb::make_tuple(as_bytes(out.y), out.error);
+  }, "id"_a, "algorithm"_a, "dtype"_a, "operand"_a, "output"_a, "operand_rows"_a,
+        "output_rows"_a, "row_elems"_a, "sizes"_a, "absent"_a = -1);
   m.def("set_epochs", [](int64_t id, uint64_t epoch) {
     VirtualGroup& g = group_of(id);
     nb::gil_scoped_release release;
@@ -189,6 +205,16 @@ void bind_timing(nb::module_& m) {
                                   static_cast<Algorithm>(algorithm), static_cast<DType>(dtype),
                                   count, dests, iters, reps);
   }, "id"_a, "collective"_a, "algorithm"_a, "dtype"_a, "count"_a, "dests"_a, "iters"_a, "reps"_a);
+  m.def("virtual_ragged_bench", [](int64_t id, int algorithm, int dtype, int64_t operand_rows,
+                                   int64_t output_rows, int64_t row_elems,
+                                   std::vector<int32_t> sizes, int iters, int reps) {
+    VirtualGroup& g = group_of(id);
+    RaggedCase c{"", "", operand_rows, output_rows, row_elems, std::move(sizes)};
+    nb::gil_scoped_release release;
+    return virtual_ragged_bench(g, static_cast<Algorithm>(algorithm), static_cast<DType>(dtype), c,
+                                iters, reps);
+  }, "id"_a, "algorithm"_a, "dtype"_a, "operand_rows"_a, "output_rows"_a, "row_elems"_a,
+        "sizes"_a, "iters"_a, "reps"_a);
   m.def("virtual_floor", [](int64_t id, int iters, int reps, bool one_launch) {
     VirtualGroup& g = group_of(id);
     nb::gil_scoped_release release;

@@ -12,6 +12,7 @@
 #include "kernels/cuda_call.h"
 #include "kernels/exchange.h"
 #include "kernels/gather_scatter.h"
+#include "kernels/ragged.h"
 #include "kernels/rmsnorm.h"
 #include "testing/delay.h"
 #include "testing/device_buffers.h"
@@ -180,10 +181,9 @@ GatherScatterResult virtual_gather_scatter(VirtualGroup& g, Collective c, Algori
     throw std::runtime_error("virtual_gather_scatter: x must hold every rank's input back to back");
   }
   if (segment == 0) segment = count;
-  if (!segments_fit(algorithm, dtype, count, segment)) {
+  if (!segments_fit(count, segment)) {
     throw std::runtime_error("virtual_gather_scatter: segments of " + std::to_string(segment) +
-                             " elements do not fit pieces of " + std::to_string(count) +
-                             " for this algorithm");
+                             " elements do not fit pieces of " + std::to_string(count));
   }
   DeviceGuard guard(g.ordinal());
   g.refresh();  // (the views: calls on a workspace in error poison, and say so at the end)
@@ -269,8 +269,7 @@ GatherScatterResult virtual_all_to_all(VirtualGroup& g, Algorithm algorithm, DTy
   }
   if (in_segment == 0) in_segment = count;
   if (out_segment == 0) out_segment = count;
-  if (count <= 0 || !segments_fit(algorithm, dtype, count, in_segment) ||
-      !segments_fit(algorithm, dtype, count, out_segment)) {
+  if (count <= 0 || !segments_fit(count, in_segment) || !segments_fit(count, out_segment)) {
     throw std::runtime_error("virtual_all_to_all: segments of " + std::to_string(in_segment) +
                              " and " + std::to_string(out_segment) +
                              " elements do not fit pieces of " + std::to_string(count));
@@ -280,6 +279,48 @@ GatherScatterResult virtual_all_to_all(VirtualGroup& g, Algorithm algorithm, DTy
     return launch_all_to_all(algorithm, dtype, g.rank(r).view, in, out, count, in_segment,
                              out_segment, g.rank(r).stream);
   });
+}
+
+GatherScatterResult virtual_ragged_all_to_all(VirtualGroup& g, Algorithm algorithm, DType dtype,
+                                              const RaggedCase& c, int absent) {
+  if (!has_ragged_kernel(algorithm, dtype)) {
+    throw std::runtime_error("virtual_ragged_all_to_all: no kernel for this algorithm and dtype");
+  }
+  const int n = g.size();
+  const size_t row = static_cast<size_t>(c.row_elems) * dtype_bytes(dtype);
+  const size_t in_bytes = row * c.operand_rows, out_bytes = row * c.output_rows;
+  const size_t k = c.sizes.size() / (4 * static_cast<size_t>(n));
+  if (c.row_elems <= 0 || c.operand.size() != in_bytes * n || c.output.size() != out_bytes * n ||
+      k == 0 || c.sizes.size() != 4 * k * n || k % n != 0) {
+    throw std::runtime_error("virtual_ragged_all_to_all: operand, output and sizes must hold every "
+                             "rank's, the sizes four arrays of a multiple of the group size each");
+  }
+  DeviceGuard guard(g.ordinal());
+  g.refresh();
+  DeviceBuffers bufs;
+  char* dx = static_cast<char*>(bufs.alloc(in_bytes * n + 8));
+  char* dy = static_cast<char*>(bufs.alloc(out_bytes * n + 8));
+  auto* ds = static_cast<int32_t*>(bufs.alloc(c.sizes.size() * sizeof(int32_t)));
+  check_cuda(cudaMemcpy(dx, c.operand.data(), c.operand.size(), cudaMemcpyHostToDevice), "copying");
+  check_cuda(cudaMemcpy(dy, c.output.data(), c.output.size(), cudaMemcpyHostToDevice), "copying");
+  check_cuda(cudaMemcpy(ds, c.sizes.data(), c.sizes.size() * sizeof(int32_t),
+                        cudaMemcpyHostToDevice), "copying");
+  check_cuda(cudaDeviceSynchronize(), "preparing the calls");
+  for (int r = 0; r < n; ++r) {
+    if (r == absent) continue;
+    const int32_t* s = ds + 4 * k * r;
+    const RaggedCall call{dx + in_bytes * r, dy + out_bytes * r, c.operand_rows, c.output_rows,
+                          c.row_elems, s, s + k, s + 2 * k, s + 3 * k, static_cast<int>(k / n)};
+    check_status(launch_ragged_all_to_all(algorithm, dtype, g.rank(r).view, call, g.rank(r).stream),
+                 "launching a ragged all-to-all");
+  }
+  g.sync();
+  GatherScatterResult out;
+  out.error = g.refresh();
+  if (!out.error.empty() && absent < 0) throw std::runtime_error(out.error);
+  out.y.assign(out_bytes * n, '\0');
+  check_cuda(cudaMemcpy(out.y.data(), dy, out_bytes * n, cudaMemcpyDeviceToHost), "reading outputs");
+  return out;
 }
 
 std::vector<const void*> call_kernel_functions() {

@@ -97,6 +97,21 @@ GatherScatterResult virtual_all_to_all(VirtualGroup& g, Algorithm algorithm, DTy
                                        const std::string& x, int64_t count, int64_t in_segment,
                                        int64_t out_segment, int absent);
 
+// A ragged all-to-all's arguments on every rank: `operand` and `output` hold
+// every rank's (operand_rows or output_rows) x row_elems elements back to
+// back; `sizes` every rank's four int32 arrays of n x slices entries, in
+// ragged_all_to_all's order (input_offsets, send_sizes, output_offsets,
+// recv_sizes), rank after rank.
+struct RaggedCase {
+  std::string operand, output;
+  int64_t operand_rows = 0, output_rows = 0, row_elems = 0;
+  std::vector<int32_t> sizes;
+};
+// One call on every rank but `absent`: every rank's output after it, and the
+// first recorded error, as virtual_ppermute. (virtual_calls.cu)
+GatherScatterResult virtual_ragged_all_to_all(VirtualGroup& g, Algorithm algorithm, DType dtype,
+                                              const RaggedCase& c, int absent);
+
 // Kernel time of one call, in microseconds, once per repetition: a CUDA graph
 // holds `iters` consecutive calls on every rank's stream (no joins between
 // calls) and is replayed `reps` times under CUDA events. With `one_launch` each
@@ -115,6 +130,10 @@ std::vector<double> virtual_gather_scatter_bench(VirtualGroup& g, Collective c, 
 std::vector<double> virtual_exchange_bench(VirtualGroup& g, Collective c, Algorithm algorithm,
                                            DType dtype, int64_t count,
                                            const std::vector<int64_t>& dests, int iters, int reps);
+// A ragged all-to-all of `c` (its data need not be given), timed as
+// virtual_bench times.
+std::vector<double> virtual_ragged_bench(VirtualGroup& g, Algorithm algorithm, DType dtype,
+                                         const RaggedCase& c, int iters, int reps);
 // The same graph with an empty kernel per rank and call (`one_launch`: one
 // empty kernel per call): the graph-node floor.
 std::vector<double> virtual_floor(VirtualGroup& g, int iters, int reps, bool one_launch);

@@ -8,6 +8,7 @@
 #include "kernels/cuda_call.h"
 #include "kernels/exchange.h"
 #include "kernels/gather_scatter.h"
+#include "kernels/ragged.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/utility.h"
 #include "testing/device_buffers.h"
@@ -175,7 +176,7 @@ std::vector<double> virtual_gather_scatter_bench(VirtualGroup& g, Collective c, 
     throw std::runtime_error("virtual_gather_scatter_bench: no kernel for this collective, algorithm and dtype");
   }
   if (segment == 0) segment = count;
-  if (!segments_fit(algorithm, dtype, count, segment)) {
+  if (!segments_fit(count, segment)) {
     throw std::runtime_error("virtual_gather_scatter_bench: segments of " + std::to_string(segment) +
                              " elements do not fit pieces of " + std::to_string(count));
   }
@@ -235,6 +236,39 @@ std::vector<double> virtual_exchange_bench(VirtualGroup& g, Collective c, Algori
     }
     return launch_ppermute(algorithm, dtype, g.rank(r).view, in[r], out[r], count,
                            static_cast<int>(dests[r]), src, tag, s);
+  });
+}
+
+std::vector<double> virtual_ragged_bench(VirtualGroup& g, Algorithm algorithm, DType dtype,
+                                         const RaggedCase& c, int iters, int reps) {
+  if (iters <= 0 || reps <= 0) throw std::runtime_error("iters and reps must be positive");
+  if (!has_ragged_kernel(algorithm, dtype)) {
+    throw std::runtime_error("virtual_ragged_bench: no kernel for this algorithm and dtype");
+  }
+  const int n = g.size();
+  const size_t k = c.sizes.size() / (4 * static_cast<size_t>(n));
+  if (c.row_elems <= 0 || k == 0 || c.sizes.size() != 4 * k * n || k % n != 0) {
+    throw std::runtime_error("virtual_ragged_bench: sizes must hold every rank's four arrays");
+  }
+  DeviceGuard guard(g.ordinal());
+  check_no_error(g);
+  const size_t row = static_cast<size_t>(c.row_elems) * dtype_bytes(dtype);
+  DeviceBuffers bufs;
+  std::vector<void*> in(n), out(n);
+  auto* ds = static_cast<int32_t*>(bufs.alloc(c.sizes.size() * sizeof(int32_t)));
+  check_cuda(cudaMemcpy(ds, c.sizes.data(), c.sizes.size() * sizeof(int32_t),
+                        cudaMemcpyHostToDevice), "copying the sizes");
+  for (int r = 0; r < n; ++r) {
+    in[r] = bufs.alloc(row * c.operand_rows + 8);
+    out[r] = bufs.alloc(row * c.output_rows + 8);
+    check_cuda(cudaMemset(in[r], 0x11, row * c.operand_rows), "filling inputs");
+  }
+  check_cuda(cudaDeviceSynchronize(), "preparing the benchmark");
+  return time_graph(g, iters, reps, false, [&](int r, cudaStream_t s) {
+    const int32_t* z = ds + 4 * k * r;
+    const RaggedCall call{in[r], out[r], c.operand_rows, c.output_rows, c.row_elems,
+                          z, z + k, z + 2 * k, z + 3 * k, static_cast<int>(k / n)};
+    return launch_ragged_all_to_all(algorithm, dtype, g.rank(r).view, call, s);
   });
 }
 

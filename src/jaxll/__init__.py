@@ -20,6 +20,7 @@ from jaxll.call_sites import CallSite, explain, recent_call_sites
 from jaxll.rmsnorm import all_reduce_rmsnorm
 from jaxll.gather_scatter import all_gather, psum_scatter
 from jaxll.exchange import all_to_all, ppermute
+from jaxll.ragged import ragged_all_to_all
 from jaxll import extension
 from jaxll.extension import get_cmake_dir, get_include
 from jaxll.placement import AlgorithmUnavailableError
@@ -29,6 +30,7 @@ from jaxll.workspace import (
     CollectiveError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
+    RaggedSizeError,
     Workspace,
     WorkspaceConfig,
     check_errors,
@@ -50,6 +52,7 @@ __all__ = [
     "CollectiveError",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
+    "RaggedSizeError",
     "RuntimeInfo",
     "Workspace",
     "WorkspaceConfig",
@@ -70,6 +73,7 @@ __all__ = [
     "kernels_available",
     "on_error_mode",
     "ppermute",
+    "ragged_all_to_all",
     "recent_call_sites",
     "reduce_from_parallel_region",
     "reset",

@@ -33,8 +33,8 @@ _KERNEL_NAMES = (ONESHOT_LL, ONESHOT_SENTINEL, TWOSHOT_LL, TWOSHOT_SENTINEL,
                  TWOSHOT_LL128_ATOMIC, ONESHOT_BARRIER, TWOSHOT_BARRIER)
 # the call signature's collective field, and the error word's kind field
 _COLLECTIVES = ("all_reduce", "all_reduce_rmsnorm", "all_gather", "psum_scatter", "ppermute",
-                "all_to_all")
-_ERROR_KINDS = ("none", "timeout", "mismatch", "freed", "not_started")
+                "all_to_all", "ragged_all_to_all")
+_ERROR_KINDS = ("none", "timeout", "mismatch", "freed", "not_started", "ragged")
 
 
 def _codes() -> dict:
@@ -74,10 +74,11 @@ RMSNORM_PROTOCOL_CODES: dict[str, int] = dict(_NATIVE["rmsnorm_protocols"])
 #: side's text, the one its errors give).
 RMSNORM_REFUSALS: dict[str, str] = dict(_NATIVE["rmsnorm_refusals"])
 #: The call signature's collective codes ("all_reduce", "all_reduce_rmsnorm",
-#: "all_gather", "psum_scatter", "ppermute", "all_to_all"), which the
-#: gather/scatter handlers also take.
+#: "all_gather", "psum_scatter", "ppermute", "all_to_all", "ragged_all_to_all"), which
+#: the gather/scatter handlers also take.
 COLLECTIVE_CODES: dict[str, int] = dict(_NATIVE["collectives"])
-#: The error word's kinds ("none", "timeout", "mismatch", "freed", "not_started").
+#: The error word's kinds ("none", "timeout", "mismatch", "freed", "not_started",
+#: "ragged").
 ERROR_KIND_CODES: dict[str, int] = dict(_NATIVE["error_kinds"])
 
 

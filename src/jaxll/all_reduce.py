@@ -23,6 +23,8 @@ from jax import lax
 from jax.interpreters import ad, batching
 
 from jaxll import algorithms, call_sites, choice, internals, native, ordering, placement, sites
+from jaxll.collective_common import (check_axes_bound, collective_pvary, dtypes_extended,
+                                     normalize_axes)
 
 all_reduce_p = internals.CollectivePrimitive("jaxll_all_reduce")
 
@@ -70,11 +72,11 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
     raise ValueError(f"jaxll.all_reduce: algorithm must be one of "
                      f"{list(algorithms.ALGORITHMS)}, got {algorithm!r}")
   algorithm = algorithms.deterministic_request("jaxll.all_reduce", algorithm, deterministic)
-  axes = internals.skip_one_sized_axes(_normalize_axes(axis_name))
+  axes = internals.skip_one_sized_axes(normalize_axes(axis_name))
   if not axes:
     # psum(x, ()) is x; pmean(x, ()) is x / 1 (float for integers)
     return jax.tree_util.tree_map(lambda v: v / 1, x) if op == "mean" else x
-  _check_axes_bound(axes)
+  check_axes_bound(axes)
   if op == "mean":
     # pmean: the sum over the group, divided by the group size (a constant)
     size = lax.axis_size(axes)
@@ -84,45 +86,6 @@ def all_reduce(x, axis_name, *, op: str = "sum", algorithm: str = "auto",
                                        algorithm=algorithm), x))
   return jax.tree_util.tree_map(partial(_all_reduce_leaf, axes=axes, op=op,
                                         algorithm=algorithm), x)
-
-
-def _normalize_axes(axis_name, who: str = "jaxll.all_reduce") -> tuple:
-  """``axis_name`` as a tuple of axis names (``who``: the function the errors name)."""
-  axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-  for a in axes:
-    if isinstance(a, int):
-      raise TypeError(
-          f"{who} reduces over named mesh axes; got the positional "
-          f"axis {a!r} (use jnp.sum for array axes)")
-  if len(set(axes)) != len(axes):
-    raise ValueError(f"{who}: axis names repeat in {axes}")
-  return axes
-
-
-def _check_axes_bound(axes: tuple, who: str = "jaxll.all_reduce") -> None:
-  missing = [a for a in axes if not internals.axis_exists(a)]
-  if missing:
-    bound = internals.bound_axis_names()
-    here = (f"the axes bound here are {', '.join(repr(a) for a in bound)}" if bound else
-            "no named axis is bound here")
-    raise NameError(
-        f"{who}: unknown axis name {missing[0]!r} ({here}). Call it inside "
-        f"jax.shard_map (or jax.vmap/pmap with axis_name=...) over a mesh that "
-        f"has that axis.")
-
-
-def _collective_pvary(axes: tuple, x, who: str = "jaxll.all_reduce"):
-  """``x`` made varying over ``axes`` under ``check_vma``, as jax.lax's
-  collectives do before they bind (a no-op without ``check_vma``)."""
-  try:
-    return internals.insert_collective_pvary(axes, x)
-  except AssertionError:
-    raise NotImplementedError(
-        f"{who} over {axes}: an axis is not one of the enclosing "
-        f"shard_map's mesh axes (a jax.vmap axis_name?). With check_vma=True, "
-        f"reductions over vmap axes inside shard_map are not supported (jax.lax.psum "
-        f"fails there too, with a bare AssertionError); reduce the vmapped axis "
-        f"with jnp.sum, or use shard_map(..., check_vma=False).") from None
 
 
 def _all_reduce_leaf(x, *, axes, op, algorithm):
@@ -147,13 +110,9 @@ def _all_reduce_leaf(x, *, axes, op, algorithm):
     if op not in internals.UNREDUCED_ALL_REDUCE:
       return _REFERENCE[op](x, axes)  # (this jax has no such collective: its own error)
   else:
-    x = _collective_pvary(axes, x)
+    x = collective_pvary(axes, x)
   return all_reduce_p.bind(x, axes=axes, op=op, algorithm=algorithm, check_vma=check_vma,
                            unreduced=unreduced)
-
-
-def dtypes_extended(dtype) -> bool:
-  return jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
 
 
 # --- Typing ---------------------------------------------------------------------

@@ -81,11 +81,12 @@ _recent_lock = threading.Lock()
 
 def tag(results, site: CallSite) -> None:
   """Records `site` on the ops that produce `results` (the ``jaxll_call``
-  frontend attribute, which explain reads back from the lowered text)."""
+  frontend attribute, which explain reads back from the lowered text); a
+  result no op produces is skipped (internals.produced_by_an_op gives it one)."""
   value = ir.StringAttr.get(site.encode())
   for r in results:
     owner = getattr(r, "owner", None)
-    if owner is None:
+    if owner is None or isinstance(owner, ir.Block):
       continue
     op = getattr(owner, "operation", owner)
     existing = {}

@@ -243,6 +243,21 @@ def exchange_auto(op: str, group_size: int, nbytes: int, dtype) -> tuple[str, st
                          dtype, group_size, piece, within)
 
 
+def ragged_auto(group_size: int, nbytes: int) -> tuple[str, str]:
+  """(algorithm, reason) of ``algorithm="auto"`` for a ragged all-to-all of an
+  operand of `nbytes` per rank that the kernel can serve: XLA's op for a group
+  of one device or above the all-reduce's crossover (the most a rank may
+  send), else the LL16 kernel (the one ragged kernel). Deterministic mode
+  chooses alike: both move bits."""
+  if group_size == 1:
+    return algorithms.XLA, "group of one device: XLA's ragged_all_to_all is a copy"
+  limit = auto_max_bytes(group_size)
+  if nbytes > limit:
+    return algorithms.XLA, f"{nbytes} bytes of operand per rank > auto crossover {limit} bytes"
+  return algorithms.ONESHOT_LL, (f"LL16, the ragged kernel's protocol; {nbytes} bytes of operand "
+                                 f"per rank <= auto crossover {limit} bytes")
+
+
 # --- The fused all-reduce + RMSNorm -------------------------------------------------
 
 def fused_auto_max_bytes(group_size: int, sentinel: bool = False, twoshot: bool = False) -> int:

@@ -20,8 +20,9 @@ two flag barriers, the baseline) runs jaxll's kernel
 (``ffi/kernels/exchange.cu``) where a workspace serves the axes, for float32,
 bfloat16, float16 and int32, and raises AlgorithmUnavailableError elsewhere.
 An all-to-all along any split and concat dimensions moves its pieces in place
-(no transposes) where every piece is a whole number of the protocol's transfer
-units in each contiguous run (8 bytes for LL16, 16 otherwise). A ppermute
+(no transposes): runs of a piece that are whole transfer units of the protocol
+(8 bytes for LL16, 16 otherwise) move a unit an access, shorter or ragged runs
+element by element into whole units (``ffi/kernels/pieces.cuh``). A ppermute
 sends one way: a rank writes only to its destination's scratch and reads only
 its source's, and exchanges a 16-byte call signature with every peer each
 round (``ffi/include/jaxll/round.cuh``, "One-way collectives"), which keeps
@@ -36,14 +37,13 @@ from __future__ import annotations
 
 from functools import partial
 
-import jax
 import numpy as np
 from jax import lax
 from jax.interpreters import ad, batching
 
 from jaxll import algorithms, choice, internals, ordering, placement, sites
-from jaxll.gather_scatter import (_KERNEL_DTYPES, _SENTINEL_DTYPES, _UNIT_BYTES, ALGORITHMS,
-                                  _map_leaves, _requested, record_site)
+from jaxll.collective_common import (KERNEL_DTYPES, SENTINEL_DTYPES, map_leaves, mesh_axes_size,
+                                     record_site, requested)
 from jaxll.placement import AlgorithmUnavailableError
 
 ppermute_p = internals.CollectivePrimitive("jaxll_ppermute")
@@ -77,7 +77,7 @@ def ppermute(x, axis_name, perm, *, algorithm: str = "auto",
       the choice is auto's, and ``"xla"`` raises ValueError. ``None``:
       ``JAXLL_DETERMINISTIC``.
   """
-  algorithm = _requested("ppermute", algorithm, deterministic)
+  algorithm = requested("ppermute", algorithm, deterministic)
   try:
     pairs = tuple((int(s), int(d)) for s, d in perm)
   except (TypeError, ValueError):
@@ -90,7 +90,7 @@ def ppermute(x, axis_name, perm, *, algorithm: str = "auto",
     v = internals.insert_collective_pvary(axes, v)
     return ppermute_p.bind(v, axis_name=axes, perm=pairs, algorithm=algorithm)
 
-  return _map_leaves("ppermute", x, axis_name, bind)
+  return map_leaves("ppermute", x, axis_name, bind)
 
 
 def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, tiled: bool = False,
@@ -115,14 +115,14 @@ def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, tiled: bool =
     tiled: keep the number of dimensions (True) or move one (False).
     algorithm: ``"oneshot_ll"``, ``"oneshot_sentinel"`` or
       ``"oneshot_barrier"``: jaxll's kernel (float32, bfloat16, float16,
-      int32, sentinel not int32; contiguous runs of a piece in whole transfer
-      units, module docstring; raises AlgorithmUnavailableError where it
-      cannot serve); ``"auto"``: the LL16 or sentinel kernel where one serves
+      int32, sentinel not int32; any split and concat dimensions, module
+      docstring; raises AlgorithmUnavailableError where it cannot serve);
+      ``"auto"``: the LL16 or sentinel kernel where one serves
       and ``x`` is at most the auto crossover, else XLA's all-to-all;
       ``"xla"``: XLA's.
     deterministic: as for :func:`ppermute`.
   """
-  algorithm = _requested("all_to_all", algorithm, deterministic)
+  algorithm = requested("all_to_all", algorithm, deterministic)
   for name, value in (("split_axis", split_axis), ("concat_axis", concat_axis)):
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
       raise TypeError(f"jaxll.all_to_all: {name} must be an int, got {value!r}")
@@ -159,7 +159,7 @@ def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, tiled: bool =
       out = lax.squeeze(out, (split,))
     return out
 
-  return _map_leaves("all_to_all", x, axis_name, bind)
+  return map_leaves("all_to_all", x, axis_name, bind)
 
 
 # --- Typing: JAX's own primitives ---------------------------------------------------
@@ -268,19 +268,10 @@ def normalized_perm(perm, group_size: int) -> tuple:
   return pairs
 
 
-def _unit_problem(algorithm: str, segments, count: int, itemsize: int) -> str:
-  unit = _UNIT_BYTES[algorithm]
-  for what, segment in zip(("input", "output"), segments):
-    if segment < count and (segment * itemsize) % unit:
-      return (f"the {what} holds a piece in runs of {segment * itemsize} B, not a multiple "
-              f"of {algorithm}'s {unit}-byte unit")
-  return ""
-
-
-def _decide(ctx, op: str, axes: tuple, algorithm: str, segments, count: int):
+def _decide(ctx, op: str, axes: tuple, algorithm: str):
   """(workspace id, kernel algorithm, reason): the kernel's workspace, or 0 for
-  XLA's collective. `segments`: the pieces' runs (an all-to-all's; a ppermute
-  moves one run); `count`: elements a peer gets."""
+  XLA's collective. (A kernel moves pieces of any layout: their runs need not
+  be whole transfer units.)"""
   if algorithm == "xla":
     return 0, "xla", sites.with_origin("algorithm='xla' requested", ctx, op, axes)
   if algorithm not in ("auto", algorithms.DETERMINISTIC):
@@ -290,7 +281,7 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, segments, count: int):
   aval = ctx.avals_in[0]
   itemsize = np.dtype(aval.dtype).itemsize
   problem = ""
-  dtypes = _SENTINEL_DTYPES if algorithm == "oneshot_sentinel" else _KERNEL_DTYPES
+  dtypes = SENTINEL_DTYPES if algorithm == "oneshot_sentinel" else KERNEL_DTYPES
   if np.dtype(aval.dtype).name not in dtypes:
     problem = f"no {op} kernel for {np.dtype(aval.dtype)}"
   elif aval.size == 0:
@@ -308,17 +299,9 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, segments, count: int):
     kernel, reason = choice.exchange_auto(op, n, int(aval.size) * itemsize, aval.dtype)
     if kernel == "xla":
       return xla(reason)
-    unfit = _unit_problem(kernel, segments, count, itemsize)
-    if unfit and kernel != "oneshot_ll" and not _unit_problem("oneshot_ll", segments, count,
-                                                               itemsize):
-      kernel, reason, unfit = "oneshot_ll", f"{reason}; but {unfit}: LL16", ""
-    if unfit:
-      return xla(unfit)
     ws, _, problem = placement.workspace_for(ctx, axes)
     return xla(problem) if problem else (
         ws, kernel, sites.with_origin(mode + reason, ctx, op, axes))
-  if not problem:
-    problem = _unit_problem(algorithm, segments, count, itemsize)
   if not problem:
     ws, _, problem = placement.workspace_for(ctx, axes)
   if problem:
@@ -328,19 +311,10 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, segments, count: int):
   return ws, algorithm, sites.with_origin(f"algorithm={algorithm!r} requested", ctx, op, axes)
 
 
-def _axes_size(ctx, axes: tuple) -> int:
-  """Devices of the mesh axes `axes` of the program `ctx` lowers (JAX's
-  primitives carry no group size)."""
-  shape = dict(ctx.module_context.axis_context.mesh.shape)
-  return int(np.prod([shape[a] for a in axes], dtype=np.int64))
-
-
 def _ppermute_lowering(ctx, x, *, axis_name, perm, algorithm):
-  aval = ctx.avals_in[0]
-  size = _axes_size(ctx, axis_name)
+  size = mesh_axes_size(ctx, axis_name)
   pairs = normalized_perm(perm, size)
-  count = int(aval.size)
-  ws, kernel, reason = _decide(ctx, "ppermute", axis_name, algorithm, (count,), count)
+  ws, kernel, reason = _decide(ctx, "ppermute", axis_name, algorithm)
   if ws:
     dests = senders = 0
     for s, d in pairs:
@@ -359,11 +333,10 @@ def _ppermute_lowering(ctx, x, *, axis_name, perm, algorithm):
 
 def _all_to_all_lowering(ctx, x, *, split_axis, concat_axis, axis_name, tiled, algorithm):
   aval = ctx.avals_in[0]
-  size = _axes_size(ctx, axis_name)
-  segments = all_to_all_segments(aval.shape, split_axis, concat_axis, size)
-  count = int(aval.size) // size
-  ws, kernel, reason = _decide(ctx, "all_to_all", axis_name, algorithm, segments, count)
+  size = mesh_axes_size(ctx, axis_name)
+  ws, kernel, reason = _decide(ctx, "all_to_all", axis_name, algorithm)
   if ws:
+    segments = all_to_all_segments(aval.shape, split_axis, concat_axis, size)
     out = ordering.emit_ordered_call(
         ctx, "jaxll_all_to_all", [x], workspace=ws,
         algorithm=np.int64(algorithms.SPECS[kernel].code), in_segment=np.int64(segments[0]),

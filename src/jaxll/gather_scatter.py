@@ -22,10 +22,12 @@ pattern until written, barrier-free; floating types only: a gathered element
 whose bits are all ones arrives as the canonical NaN) or ``"oneshot_barrier"``
 (plain stores between two flag barriers, the baseline) runs jaxll's kernel
 (``ffi/kernels/gather_scatter.cu``) where a workspace serves the axes, for
-float32, bfloat16, float16 and int32, gathering along (or scattering)
-dimension 0, and raises AlgorithmUnavailableError elsewhere. Messages of any
-size go in rounds of one scratch region per block, alternating the two
-scratch buffers by epoch parity.
+float32, bfloat16, float16 and int32, gathering along (or scattering) any
+dimension in place (segments of whole transfer units move a unit an access,
+others element by element into whole units: ``ffi/kernels/pieces.cuh``), and
+raises AlgorithmUnavailableError elsewhere. Messages of any size go in rounds
+of one scratch region per block, alternating the two scratch buffers by epoch
+parity.
 ``"auto"`` takes a kernel where one can serve and every rank moves at most
 jaxll.all_reduce's auto crossover (the gathered result, or the scattered
 input), else XLA's collective (exactly what ``jax.lax`` emits); of the kernels,
@@ -44,68 +46,17 @@ import numpy as np
 from jax import lax
 from jax.interpreters import ad, batching
 
-from jaxll import algorithms, call_sites, choice, internals, ordering, placement, sites
-from jaxll.all_reduce import _check_axes_bound, _normalize_axes, dtypes_extended
+from jaxll import algorithms, choice, internals, ordering, placement, sites
+# (ALGORITHMS and KERNEL_ALGORITHMS: the algorithms of these collectives, named here too)
+from jaxll.collective_common import (ALGORITHMS, KERNEL_ALGORITHMS, KERNEL_DTYPES,  # noqa: F401
+                                     SENTINEL_DTYPES, map_leaves, record_site, requested)
 from jaxll.placement import AlgorithmUnavailableError
 
 all_gather_p = internals.CollectivePrimitive("jaxll_all_gather")
 psum_scatter_p = internals.CollectivePrimitive("jaxll_psum_scatter")
 
-# The algorithms these collectives take.
-KERNEL_ALGORITHMS = ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier")
-ALGORITHMS = ("auto", "xla") + KERNEL_ALGORITHMS
-# The dtypes the kernels take (kept here for installs without kernels; a unit
-# test checks them against the native table, jaxll.native.ext.has_gather_scatter_kernel).
-_KERNEL_DTYPES = frozenset(["float32", "bfloat16", "float16", "int32"])
-# The sentinel protocol's pattern (all ones) is a NaN of each floating type and a
-# valid int32.
-_SENTINEL_DTYPES = frozenset(["float32", "bfloat16", "float16"])
 # all_gather's output types, as jax.lax.all_gather names them
 GATHER_TO = ("varying", "invarying", "reduced")
-
-
-def _requested(name: str, algorithm: str, deterministic: bool | None) -> str:
-  """The algorithm a call of jaxll.`name` requests (checked; in deterministic
-  mode, see algorithms.deterministic_request)."""
-  if algorithm not in ALGORITHMS:
-    raise ValueError(f"jaxll.{name}: algorithm must be one of {list(ALGORITHMS)}, "
-                     f"got {algorithm!r}")
-  return algorithms.deterministic_request(f"jaxll.{name}", algorithm, deterministic)
-
-
-def _map_leaves(name: str, x, axis_name, bind_leaf, skip_one_sized=False):
-  """Checks the call and applies ``bind_leaf(v, axes, size, constant=...)`` to
-  every leaf of ``x``: traced leaves (``constant=False``; bind_leaf inserts the
-  pvary jax.lax's collective would), constants (``constant=True``: jax.lax
-  computes those without communication). An empty axis tuple (after dropping
-  the axes JAX drops, with ``skip_one_sized``) returns ``x``."""
-  axes = _normalize_axes(axis_name, f"jaxll.{name}")
-  if skip_one_sized:
-    axes = internals.skip_one_sized_axes(axes)
-  if not axes:
-    return x
-  _check_axes_bound(axes, f"jaxll.{name}")
-  size = _axis_size(axes)
-
-  def leaf(v):
-    if not isinstance(v, jax.core.Tracer):  # (checked as given: jax.lax sees the same)
-      _as_array(name, v)
-      return bind_leaf(v, axes, size, constant=True)
-    return bind_leaf(_as_array(name, v), axes, size, constant=False)
-
-  return jax.tree_util.tree_map(leaf, x)
-
-
-def _axis_size(axes: tuple) -> int:
-  return int(lax.axis_size(axes))
-
-
-def _as_array(name: str, x):
-  if not hasattr(x, "dtype"):
-    x = jax.numpy.asarray(x)
-  if dtypes_extended(x.dtype):
-    raise TypeError(f"jaxll.{name}: unsupported dtype {x.dtype}")
-  return x
 
 
 def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False, to: str = "varying",
@@ -130,8 +81,7 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False, to: str = "v
       every device) or ``"reduced"`` (explicit sharding; ``x`` must vary).
     algorithm: ``"oneshot_ll"``, ``"oneshot_sentinel"`` or
       ``"oneshot_barrier"``: jaxll's kernel (float32, bfloat16, float16,
-      int32, sentinel not int32; pieces in segments of whole transfer
-      units, module docstring; raises
+      int32, sentinel not int32; along any dimension; raises
       AlgorithmUnavailableError where it cannot serve); ``"auto"``: the LL16
       or sentinel kernel (as measured faster) where one serves and the
       gathered result is at most the auto crossover, else XLA's all-gather
@@ -141,7 +91,7 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False, to: str = "v
       is the reduce-scatter its gradient takes, and ``"xla"`` raises
       ValueError. ``None``: ``JAXLL_DETERMINISTIC``.
   """
-  algorithm = _requested("all_gather", algorithm, deterministic)
+  algorithm = requested("all_gather", algorithm, deterministic)
   if to not in GATHER_TO:
     raise ValueError(f"jaxll.all_gather: to must be one of {list(GATHER_TO)}, got {to!r}")
 
@@ -157,7 +107,7 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False, to: str = "v
     return all_gather_p.bind(v, all_gather_dimension=dim, axis_name=axes, axis_size=size,
                              tiled=bool(tiled), to=to, algorithm=algorithm)
 
-  return _map_leaves("all_gather", x, axis_name, bind)
+  return map_leaves("all_gather", x, axis_name, bind)
 
 
 def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = False,
@@ -179,8 +129,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Fals
     tiled: keep (True) or remove (False) the scattered dimension.
     algorithm: ``"oneshot_ll"``, ``"oneshot_sentinel"`` or
       ``"oneshot_barrier"``: jaxll's kernel (float32, bfloat16, float16,
-      int32, sentinel not int32; pieces in segments of whole transfer
-      units, module docstring; the sum
+      int32, sentinel not int32; along any dimension; the sum
       in rank order, as jaxll.all_reduce; raises AlgorithmUnavailableError
       where it cannot serve); ``"auto"``: the LL16 or sentinel kernel (as
       measured faster) where one serves and ``x`` is at most the auto
@@ -189,7 +138,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Fals
       kernel at every size, and lowering raises AlgorithmUnavailableError
       where none serves. ``None``: ``JAXLL_DETERMINISTIC``.
   """
-  algorithm = _requested("psum_scatter", algorithm, deterministic)
+  algorithm = requested("psum_scatter", algorithm, deterministic)
 
   def bind(v, axes, size, constant):
     if constant:
@@ -203,7 +152,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Fals
     return psum_scatter_p.bind(v, scatter_dimension=dim, axis_name=axes, axis_size=size,
                                tiled=bool(tiled), unreduced=unreduced, algorithm=algorithm)
 
-  return _map_leaves("psum_scatter", x, axis_name, bind, skip_one_sized=True)
+  return map_leaves("psum_scatter", x, axis_name, bind, skip_one_sized=True)
 
 
 def _canonical_axis(name: str, axis, ndim: int) -> int:
@@ -356,10 +305,6 @@ batching.fancy_primitive_batchers[psum_scatter_p] = _scatter_batch
 
 # --- Lowering: jaxll's kernel or XLA's collective, recorded for explain --------------
 
-# Bytes per transfer unit of each kernel's protocol (ffi/include/jaxll/units.cuh).
-_UNIT_BYTES = {"oneshot_ll": 8, "oneshot_sentinel": 16, "oneshot_barrier": 16}
-
-
 def segment_of(op: str, shape, dim: int, group_size: int) -> int:
   """Elements of one contiguous segment of a rank's piece: a gather along
   `dim` (tiled, or stacked at `dim`) writes each rank's piece as
@@ -371,23 +316,10 @@ def segment_of(op: str, shape, dim: int, group_size: int) -> int:
   return inner if op == "all_gather" else inner // group_size
 
 
-def _unit_problem(algorithm: str, op: str, dim: int, segment: int, count: int,
-                  itemsize: int) -> str:
-  """Why `algorithm` cannot move pieces cut into segments of `segment`
-  elements (of `count` per piece), or "": a unit never straddles segments."""
-  unit = _UNIT_BYTES[algorithm]
-  if segment >= count or (segment * itemsize) % unit == 0:
-    return ""
-  return (f"{'gathering along' if op == 'all_gather' else 'scattering'} dimension {dim} moves "
-          f"segments of {segment * itemsize} B, not a multiple of {algorithm}'s "
-          f"{unit}-byte unit")
-
-
-def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int, segment: int,
-            count: int) -> tuple[int, str, str]:
+def _decide(ctx, op: str, axes: tuple, algorithm: str) -> tuple[int, str, str]:
   """(workspace id, kernel algorithm, reason): the kernel's workspace, or 0 for
-  XLA's collective. `segment`: segment_of() the call; `count`: elements of a
-  piece."""
+  XLA's collective. (A kernel gathers or scatters along any dimension: the
+  segments of a piece need not be whole transfer units.)"""
   if algorithm == "xla":
     return 0, "xla", sites.with_origin("algorithm='xla' requested", ctx, op, axes)
   if algorithm != "auto" and algorithm != algorithms.DETERMINISTIC:
@@ -397,7 +329,7 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int, segment: int,
       return 0, "xla", sites.with_origin(reason, ctx, op, axes)
   aval = ctx.avals_in[0]
   problem = ""
-  dtypes = _SENTINEL_DTYPES if algorithm == "oneshot_sentinel" else _KERNEL_DTYPES
+  dtypes = SENTINEL_DTYPES if algorithm == "oneshot_sentinel" else KERNEL_DTYPES
   if np.dtype(aval.dtype).name not in dtypes:
     problem = f"no {op} kernel for {np.dtype(aval.dtype)}"
   elif aval.size == 0:
@@ -427,19 +359,9 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int, segment: int,
                                                 deterministic=strict)
     if kernel == "xla":
       return xla(reason)
-    unfit = _unit_problem(kernel, op, dim, segment, count, itemsize)
-    if unfit and kernel != "oneshot_ll":
-      # (LL16's unit is the smallest: the next protocol to try)
-      if not _unit_problem("oneshot_ll", op, dim, segment, count, itemsize):
-        kernel, reason = "oneshot_ll", f"{reason}; but {unfit}: LL16"
-        unfit = ""
-    if unfit:
-      return xla(unfit)
     ws, _, problem = placement.workspace_for(ctx, axes)
     return xla(problem) if problem else (
         ws, kernel, sites.with_origin(mode + reason, ctx, op, axes))
-  if not problem:
-    problem = _unit_problem(algorithm, op, dim, segment, count, itemsize)
   if not problem:
     ws, _, problem = placement.workspace_for(ctx, axes)
   if problem:
@@ -451,10 +373,9 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str, dim: int, segment: int,
 
 def _lower(ctx, x, prim, op: str, dim: int, axes: tuple, size: int, algorithm: str, params):
   aval = ctx.avals_in[0]
-  segment = segment_of(op, aval.shape, dim, size)
-  count = int(aval.size) // (1 if op == "all_gather" else size)
-  ws, kernel, reason = _decide(ctx, op, axes, algorithm, dim, segment, count)
+  ws, kernel, reason = _decide(ctx, op, axes, algorithm)
   if ws:
+    segment = segment_of(op, aval.shape, dim, size)
     out = ordering.emit_ordered_call(
         ctx, "jaxll_gather_scatter", [x], workspace=ws,
         collective=np.int64(algorithms.COLLECTIVE_CODES[op]),
@@ -465,21 +386,6 @@ def _lower(ctx, x, prim, op: str, dim: int, axes: tuple, size: int, algorithm: s
     out = internals.xla_lowering(prim, placement.platforms(ctx))(
         ctx, x, axis_name=axes, axis_index_groups=None, axis_size=size, **params)
   return record_site(ctx, out, op, axes, size, algorithm, ws, kernel, reason, dim)
-
-
-def record_site(ctx, out, op: str, axes: tuple, size: int, requested: str, ws: int,
-                kernel: str, reason: str, dimension: int):
-  """Records the call site `ctx` lowers (op, path and reason) for jaxll.explain,
-  tagged onto its result `out`, and returns `out`."""
-  aval = ctx.avals_in[0]
-  site = call_sites.CallSite(
-      site=sites.site_of(ctx), axes=",".join(map(str, axes)), group_size=size,
-      shape=str(tuple(aval.shape)), dtype=str(np.dtype(aval.dtype)),
-      nbytes=int(aval.size) * np.dtype(aval.dtype).itemsize, op=op, requested=requested,
-      algorithm=kernel if ws else "xla", reason=reason, workspace=ws, dimension=dimension)
-  call_sites.tag(out, site)  # (jaxll.explain reads it back from the lowered text)
-  call_sites.record(site)
-  return out
 
 
 def _gather_lowering(ctx, x, *, all_gather_dimension, axis_name, axis_size, tiled, to,

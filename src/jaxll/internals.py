@@ -21,9 +21,11 @@ from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import distributed as _distributed
 from jax._src import mesh as _mesh
+from jax._src.interpreters import ad as _ad_internal
 from jax._src.interpreters import mlir as _mlir
 from jax._src.lax import parallel as _parallel
 from jax._src.lib.mlir import ir  # noqa: F401  (MLIR bindings, as JAX's lowering uses them)
+from jax._src.lib.mlir.dialects import hlo as _hlo
 import jax
 from jax.extend.core import Primitive
 from jax.interpreters import ad as _ad
@@ -41,6 +43,7 @@ reduce_scatter_p = _parallel.reduce_scatter_p
 unreduced_reduce_scatter_p = _parallel.unreduced_reduce_scatter_p
 ppermute_p = _parallel.ppermute_p
 all_to_all_p = _parallel.all_to_all_p
+ragged_all_to_all_p = _parallel.ragged_all_to_all_p
 # unreduced inputs to an all-reduce: sums on every jax; max and min from jax 0.11
 UNREDUCED_ALL_REDUCE = {op: p for op, p in (
     ("sum", _parallel.unreduced_psum_p),
@@ -87,6 +90,31 @@ def in_eager_shard_map() -> bool:
 def insert_collective_pvary(axes: tuple, x):
   """``x`` made varying over ``axes``, as jax.lax's collectives do before they bind."""
   return _parallel.insert_collective_pvary(axes, x)
+
+
+# Whether JAX types a ragged all-to-all by how its operands vary (jax 0.12:
+# the operand must vary over the axes, all six alike; earlier jax: as given)
+_ragged_eval = getattr(_parallel, "_ragged_all_to_all_effectful_abstract_eval", None)
+_RAGGED_VMA = _ragged_eval is not None and "collective_vma_rule" in _ragged_eval.__code__.co_names
+
+
+def ragged_operands(axes: tuple, operand, *rest) -> tuple:
+  """A ragged all-to-all's operands made to vary as jax.lax.ragged_all_to_all
+  makes them before it binds."""
+  if not _RAGGED_VMA:
+    return (operand, *rest)
+  operand = _parallel.insert_collective_pvary(axes, operand)
+  return tuple(_core.auto_insert_reshard(operand, *rest))
+
+
+def zero_tangent(primal):
+  """The symbolic zero tangent of `primal` (JAX's ``ad.p2tz``)."""
+  return _ad_internal.p2tz(primal)
+
+
+def zeros_like_aval(aval):
+  """Zeros of the abstract value `aval`, its typing (how it varies) kept."""
+  return _ad_internal.zeros_like_aval(aval)
 
 
 def skip_one_sized_axes(axes: tuple) -> tuple:
@@ -213,6 +241,15 @@ def leading_unreduced_dims(aval) -> int:
 # jax 0.12.0; from 0.12.1 it refuses one
 GATHER_INVARIANT_CASTS = tuple(
     int(re.match(r"\d*", v).group() or 0) for v in jax.__version__.split(".")[:3]) < (0, 12, 1)
+
+
+def produced_by_an_op(value):
+  """`value`, or where no op of the program being lowered produces it (a
+  block argument: a lowering that returned its operand) a no-op reshape of it,
+  so that it has an op to carry attributes (a call site's record)."""
+  if isinstance(getattr(value, "owner", None), ir.Block):
+    return _hlo.ReshapeOp(value.type, value).result
+  return value
 
 
 def register_lowering(prim, rule, platform: str | None = None) -> None:

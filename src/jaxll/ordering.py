@@ -338,7 +338,8 @@ def _note_workspace_for_check(ctx, workspace: int) -> None:
         {"workspaces": mlir.ir_attribute(np.asarray(ids, np.int64))})
 
 
-def emit_ordered_call(ctx, target: str, operands, *, workspace: int, **attributes) -> list:
+def emit_ordered_call(ctx, target: str, operands, *, workspace: int,
+                      operand_output_aliases: dict | None = None, **attributes) -> list:
   """A custom call of FFI target `target` on workspace `workspace`, with the
   operands `operands` (``ctx.avals_in``) and results ``ctx.avals_out``, plus
   the 4-byte order buffer as the last operand and last result: ordered after
@@ -347,7 +348,9 @@ def emit_ordered_call(ctx, target: str, operands, *, workspace: int, **attribute
   (the workspace id) and `attributes` (jaxll's own calls add ``uses_pdl=True``:
   the call may start while the kernel ahead of it finishes, where its workspace
   allows; XLA reads it too when it records the call as a kernel node, on jaxlib
-  0.12 and newer). Returns the results without the order."""
+  0.12 and newer). `operand_output_aliases` ({operand: result}) makes results
+  the buffers of operands, as XLA's custom calls take it. Returns the results
+  without the order."""
   _note_workspace_for_check(ctx, workspace)
   state = _order_state(ctx)
   if state is not None:
@@ -355,7 +358,7 @@ def emit_ordered_call(ctx, target: str, operands, *, workspace: int, **attribute
   order, chain = _order_in(ctx)
   call_ctx = ctx.replace(avals_in=[*ctx.avals_in, _ORDER_AVAL],
                          avals_out=[*ctx.avals_out, _ORDER_AVAL])
-  rule = jax.ffi.ffi_lowering(target)
+  rule = jax.ffi.ffi_lowering(target, operand_output_aliases=operand_output_aliases)
   *results, order_out = rule(call_ctx, *operands, order, workspace=np.int64(workspace),
                              **attributes)
   if chain is not None:

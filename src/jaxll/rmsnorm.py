@@ -27,7 +27,8 @@ import numpy as np
 from jax.interpreters import batching, mlir
 
 from jaxll import algorithms, call_sites, choice, internals, native, ordering, placement, sites
-from jaxll.all_reduce import _check_axes_bound, _collective_pvary, _normalize_axes, all_reduce
+from jaxll.all_reduce import all_reduce
+from jaxll.collective_common import check_axes_bound, collective_pvary, normalize_axes
 
 _WHO = "jaxll.all_reduce_rmsnorm"
 
@@ -136,10 +137,10 @@ def all_reduce_rmsnorm(x, residual, weight, axis_name, *, eps: float = 1e-6,
     return _composed(x, residual, weight, axis_name, eps=eps, algorithm="auto")
   if algorithm not in _FUSED_NAMES + ("auto",):
     return _composed(x, residual, weight, axis_name, eps=eps, algorithm=algorithm)
-  axes = _normalize_axes(axis_name, _WHO)
+  axes = normalize_axes(axis_name, _WHO)
   if not axes:
     return _composed(x, residual, weight, axis_name, eps=eps, algorithm="auto")
-  _check_axes_bound(axes, _WHO)
+  check_axes_bound(axes, _WHO)
   if isinstance(x, jax.core.Tracer) and internals.unreduced_over(x, axes, _WHO):
     # partial sums typed unreduced (explicit sharding): the composition, whose
     # all-reduce sums them as psum does
@@ -158,10 +159,10 @@ def _deterministic(x, residual, weight, axis_name, eps, algorithm):
     refuse(f"algorithm={algorithm!r} names the composition, whose norm is XLA's (its bits "
            f"change with the shape); use 'auto', 'fused' or a fused exchange")
   x, residual, weight = _checked(x, residual, weight)
-  axes = _normalize_axes(axis_name, _WHO)
+  axes = normalize_axes(axis_name, _WHO)
   if not axes:
     refuse("no axis is reduced over")
-  _check_axes_bound(axes, _WHO)
+  check_axes_bound(axes, _WHO)
   if isinstance(x, jax.core.Tracer) and internals.unreduced_over(x, axes, _WHO):
     refuse("an x typed unreduced takes the composition")
   requested = FUSED if algorithm == "auto" else algorithm
@@ -262,7 +263,7 @@ def _match_types(axes, x, residual, weight):
   ``normed`` over those and the ones ``weight`` varies over. Under
   ``check_vma`` ``residual`` and ``weight`` are cast to vary over those (no-op
   casts, as jax.numpy's arithmetic inserts), and ``x`` over ``axes``."""
-  x = _collective_pvary(axes, x, _WHO)
+  x = collective_pvary(axes, x, _WHO)
   if not internals.check_vma():
     return x, residual, weight
   vx, vr, vw = _varying(x), _varying(residual), _varying(weight)

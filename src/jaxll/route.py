@@ -22,6 +22,7 @@ JAX's primitive                                 jaxll's
 ``reduce_scatter``, ``unreduced_reduce_scatter``  ``jaxll.psum_scatter``
 ``ppermute``                                      ``jaxll.ppermute``
 ``all_to_all``                                    ``jaxll.all_to_all``
+``ragged_all_to_all``                             ``jaxll.ragged_all_to_all``
 =============================================== ==================================
 
 (``pmean`` is a psum and a division.) Each replaced collective is a jaxll call
@@ -46,7 +47,7 @@ once per trace of the caller.
 Left alone, and logged once per routed function at INFO on the ``jaxll``
 logger: collectives with ``axis_index_groups``, over positional (pmap) axes,
 not in ``collectives``, and those jaxll has no kernel for (the asynchronous
-``*_start`` forms, ``ragged_all_to_all``, ``pbroadcast``, ...); a warning says when ``fun`` holds no collective over
+``*_start`` forms, ``pbroadcast``, ...); a warning says when ``fun`` holds no collective over
 mesh axes at all (a model sharded by annotations alone, whose collectives
 XLA's partitioner adds after tracing). Not seen: collectives inside the
 backward function of a ``custom_vjp`` that ``fun`` does not differentiate
@@ -70,6 +71,7 @@ from jaxll import algorithms, gather_scatter, internals, settings
 from jaxll.all_reduce import all_reduce_p
 from jaxll.exchange import all_to_all_p, ppermute_p
 from jaxll.gather_scatter import all_gather_p, psum_scatter_p
+from jaxll.ragged import ALGORITHMS as _RAGGED_ALGORITHMS, ragged_all_to_all_p
 
 logger = logging.getLogger("jaxll")
 
@@ -78,12 +80,13 @@ logger = logging.getLogger("jaxll")
 _CLOSED = extend_core.ClosedJaxpr
 _OPEN = extend_core.Jaxpr
 
-COLLECTIVES = ("psum", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute", "all_to_all")
+COLLECTIVES = ("psum", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute", "all_to_all",
+               "ragged_all_to_all")
 
 # JAX's collectives that jaxll has no kernel for, by primitive name (the
 # asynchronous *_start forms included): XLA serves them
 _NO_KERNEL = frozenset((
-    "ppermute_start", "all_to_all_start", "ragged_all_to_all",
+    "ppermute_start", "all_to_all_start",
     "pbroadcast", "pbroadcast_start", "pbroadcast_dynamic", "psend", "precv", "pxor",
     "pmax_scatter", "pmin_scatter", "psum_start", "psum_invariant_start",
     "unreduced_psum_start", "all_gather_start", "all_gather_reduced_start",
@@ -123,6 +126,10 @@ def _all_to_all_rule(eqn, axes):
                             concat_axis=p["concat_axis"], tiled=p["tiled"])
 
 
+def _ragged_rule(eqn, axes):
+  return ragged_all_to_all_p, dict(axis_name=axes, axis_index_groups=None)
+
+
 _gather = functools.partial(_gather_scatter_rule, all_gather_p, "all_gather_dimension")
 _scatter = functools.partial(_gather_scatter_rule, psum_scatter_p, "scatter_dimension")
 
@@ -140,7 +147,10 @@ _RULES = {
     internals.unreduced_reduce_scatter_p: ("psum_scatter", _scatter(unreduced=True)),
     internals.ppermute_p: ("ppermute", _ppermute_rule),
     internals.all_to_all_p: ("all_to_all", _all_to_all_rule),
+    internals.ragged_all_to_all_p: ("ragged_all_to_all", _ragged_rule),
 }
+# collectives of several operands that are one call (not one call per operand)
+_WHOLE = frozenset(("ragged_all_to_all",))
 for _op, _prim in internals.UNREDUCED_ALL_REDUCE.items():
   _RULES[_prim] = ("p" + _op, _all_reduce_rule(_op, True, True))
 
@@ -170,8 +180,8 @@ def route(fun=None, *, algorithm: str = "auto", collectives=COLLECTIVES,
       or a kernel name, given to the routed collectives that have that kernel
       (the others take ``"auto"``).
     collectives: which to route, of ``"psum"`` (with pmean), ``"pmax"``,
-      ``"pmin"``, ``"all_gather"``, ``"psum_scatter"``, ``"ppermute"`` and
-      ``"all_to_all"``.
+      ``"pmin"``, ``"all_gather"``, ``"psum_scatter"``, ``"ppermute"``,
+      ``"all_to_all"`` and ``"ragged_all_to_all"``.
     deterministic: as for :func:`jaxll.all_reduce`, for every routed
       collective (None: ``JAXLL_DETERMINISTIC``, read at each call).
   """
@@ -495,7 +505,8 @@ def _algorithm_for(prim, request: tuple[str, str]) -> str:
   it, else the fallback (auto, or in deterministic mode its deterministic form)."""
   algorithm, fallback = request
   names = (algorithms.DETERMINISTIC,) + (
-      algorithms.ALGORITHMS if prim is all_reduce_p else gather_scatter.ALGORITHMS)
+      algorithms.ALGORITHMS if prim is all_reduce_p else
+      _RAGGED_ALGORITHMS if prim is ragged_all_to_all_p else gather_scatter.ALGORITHMS)
   return algorithm if algorithm in names else fallback
 
 
@@ -520,7 +531,7 @@ def _left_alone(entry, eqn, axes, chosen) -> str | None:
     return "axis_index_groups"
   if not axes or any(not isinstance(a, str) for a in axes):
     return "positional (pmap) axes"
-  if len(eqn.invars) != len(eqn.outvars):
+  if len(eqn.invars) != len(eqn.outvars) and entry[0] not in _WHOLE:
     return "operands and results differ in number"
   return None
 
@@ -538,6 +549,10 @@ def _route_eqn(eqn, algorithm: tuple[str, str], chosen, notes: _Notes) -> list:
   if why is not None:
     notes.left.add((eqn.primitive.name, why))
     return [eqn]
+  if entry[0] in _WHOLE:
+    prim, params = entry[1](eqn, axes)
+    params["algorithm"] = _algorithm_for(prim, algorithm)
+    return [eqn.replace(primitive=prim, params=params)]
   # one jaxll call per operand (psum binds a whole pytree as one primitive)
   out = []
   for invar, outvar in zip(eqn.invars, eqn.outvars):

@@ -46,6 +46,9 @@ class CollectiveMismatchError(CollectiveError):
   algorithm) at the same point."""
 
 
+class RaggedSizeError(CollectiveError):
+  """A ragged all-to-all's slice lay outside its operand's or output's rows,
+  or a rank sent a slice of another size than its receiver expected."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,8 +246,8 @@ def errors() -> list[str]:
 
 
 def check_errors() -> None:
-  """Raises :class:`CollectiveMismatchError` or :class:`CollectiveTimeoutError`
-  if a jaxll kernel has recorded an error.
+  """Raises :class:`CollectiveMismatchError`, :class:`RaggedSizeError` or
+  :class:`CollectiveTimeoutError` if a jaxll kernel has recorded an error.
 
   A kernel that gives up (a peer never came, or made a different call) records
   what happened in pinned host memory before it ends and fills its output with
@@ -257,8 +260,8 @@ def check_errors() -> None:
   if found:
     kind = found[0][0]
     from jaxll.algorithms import ERROR_KIND_CODES  # (the error word's kinds, from the native table)
-    cls = (CollectiveMismatchError if kind == ERROR_KIND_CODES["mismatch"]
-           else CollectiveTimeoutError)
+    cls = {ERROR_KIND_CODES["mismatch"]: CollectiveMismatchError,
+           ERROR_KIND_CODES["ragged"]: RaggedSizeError}.get(kind, CollectiveTimeoutError)
     raise cls("\n".join(message for _, message in found))
 
 

@@ -7,7 +7,8 @@ one-row-wave kernel adds a clustered row's squares by st.async: the run fails
 unless that path ran), the group twins of the kernels (every rank's blocks in one
 launch: each all-reduce kernel, the fused decode-shape and two-shot cuts), and
 the all-gather and reduce-scatter kernels (the LL16, sentinel and barrier kernels, two sizes
-per N), and the ppermute and all-to-all kernels (the same, between all-reduces).
+per N), the ppermute and all-to-all kernels (the same, between all-reduces), and the
+ragged all-to-all (rows that are not whole units, one round and several).
 
   compute-sanitizer --tool racecheck python3 tests/gpu_scripts/sanitizer_run.py [CALLS] [RANKS]
 
@@ -181,6 +182,33 @@ for n in ranks:
       ok = ok and not res["mismatches"] and not res["error"]
       print(n, "ppermute, all_to_all", alg, count, "ok" if ok else f"FAILED {err}", flush=True)
       bad += int(not ok)
+  # ragged all-to-all: rows of 3 int32 (not whole units), every rank r sends
+  # r + 1 + k x 40 rows to rank k (several rounds past 4 KiB), packed in source
+  # order on the receiver; between all-reduces
+  for rows_to in (1, 40):
+    send = np.array([[r + 1 + k * rows_to for k in range(n)] for r in range(n)], np.int32)
+    in_rows, out_rows = int(send.sum(1).max()), int(send.sum(0).max()) + 1
+    xr = np.random.default_rng(rows_to).integers(-100, 100, size=(n, in_rows, 3)).astype(np.int32)
+    yr = np.zeros((n, out_rows, 3), np.int32)
+    sizes = np.zeros((n, 4, n), np.int32)
+    for r in range(n):
+      sizes[r, 0] = np.concatenate([[0], np.cumsum(send[r])[:-1]])
+      sizes[r, 1], sizes[r, 3] = send[r], send[:, r]
+      sizes[:, 2, r] = 1 + np.concatenate([[0], np.cumsum(send[:, r])[:-1]])
+    want = yr.copy()
+    for r in range(n):
+      for d in range(n):
+        want[d, sizes[r, 2, d]:sizes[r, 2, d] + send[r, d]] = xr[r, sizes[r, 0, d]:][:send[r, d]]
+    y, err = tools.virtual_ragged_all_to_all(
+        comm, algorithms.SPECS["oneshot_ll"].code, algorithms.DTYPE_CODES["int32"], xr.tobytes(),
+        yr.tobytes(), in_rows, out_rows, 3, [int(v) for v in sizes.ravel()])
+    ok = not err and np.array_equal(np.frombuffer(y, np.int32).reshape(want.shape), want)
+    res = tools.virtual_stress(comm, [algorithms.SPECS["oneshot_ll"].code],
+                               algorithms.DTYPE_CODES["float32"], algorithms.OP_CODES["sum"],
+                               [3001], n, 1)
+    ok = ok and not res["mismatches"] and not res["error"]
+    print(n, "ragged_all_to_all", rows_to, "ok" if ok else f"FAILED {err}", flush=True)
+    bad += int(not ok)
   ext.free_workspace(comm)
   if n == 1:
     continue

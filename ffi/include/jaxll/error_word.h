@@ -21,6 +21,8 @@ enum class ErrorKind : uint32_t {
   kFreed = 3,     // the workspace was freed (set by the host; see workspace.cc)
   kNotStarted = 4,  // a timeout waiting for a peer's call signature: the peer never
                     // started the call
+  kRagged = 5,  // a ragged all-to-all's slice out of range, or sizes that ranks disagree
+                // on (the host record says which: kernels/ragged.h)
 };
 
 // A call's signature: what every rank of a group must agree on, one 64-bit word

@@ -98,6 +98,16 @@ __device__ __forceinline__ BlockStart block_begin(const RankView& v, uint32_t ro
   return BlockStart{s_epoch, s_parity, s_error != 0};
 }
 
+// A block that learns its number of rounds as it goes (a ragged exchange
+// learns it from its peers' first packets) calls block_begin(v, 0) at its
+// start and this at its end, once it has used `rounds` epochs from bs.epoch:
+// the next call on the workspace starts after this kernel has ended
+// (collective_prologue), so it finds the epoch advanced. Thread 0 stores it.
+__device__ __forceinline__ void block_end_rounds(const RankView& v, const BlockStart& bs,
+                                                 uint32_t rounds) {
+  if (threadIdx.x == 0) v.header->epochs[blockIdx.x] = bs.epoch - 1 + rounds;
+}
+
 // Peer k of this rank (k = 1..n-1), starting with the next rank so that ranks
 // spread their first stores.
 __device__ __forceinline__ int peer_at(int rank, int k, int n) {

@@ -9,11 +9,13 @@ epochs, double buffering, timeouts) can be tested and tuned on one GPU.
   does the same with the fused all-reduce + residual + RMSNorm kernel.
 - :func:`stress` runs long randomized sequences of calls with the ranks skewed
   against each other and checks every element bit for bit on the device.
-- :func:`virtual_ppermute` and :func:`virtual_all_to_all` run those kernels on
-  numpy arrays, one row per rank.
+- :func:`virtual_ppermute`, :func:`virtual_all_to_all` and
+  :func:`virtual_ragged_all_to_all` run those kernels on numpy arrays, one row
+  per rank (``jaxll.tools.virtual_exchange``).
 - :func:`kernel_time_us`, :func:`rmsnorm_kernel_time_us`,
-  :func:`gather_scatter_time_us`, :func:`exchange_time_us` and
-  :func:`graph_floor_us` time kernels inside CUDA graphs.
+  :func:`gather_scatter_time_us`, :func:`exchange_time_us`,
+  :func:`ragged_time_us` and :func:`graph_floor_us` time kernels inside CUDA
+  graphs.
 - ``one_launch=True`` (the jittable calls and the all-reduce and fused timers)
   runs every rank's call as one kernel launch on one stream instead of a fork
   onto the ranks' streams: rank r's blocks are those with ``blockIdx.y == r``.
@@ -28,63 +30,19 @@ them), as these tools do.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import numpy as np
 
-from jaxll import algorithms, choice, extension, native, settings, workspace
+from jaxll import algorithms, choice, workspace
 from jaxll.native import ext
-
-if ext is not None:
-  from jaxll.tools import _jaxll_testing as _tools
-
-  _tools.init(extension.api())  # (its kernels load with every workspace, as jaxll's do)
-  native.register_targets(_tools)
-else:
-  _tools = None
-
-
-def _need_kernels() -> None:
-  if ext is None:
-    raise RuntimeError(f"jaxll.tools.testing: {native.NO_KERNELS_REASON}")
-
-
-@functools.cache
-def _block_bound(ordinal: int, carveout: int) -> int:
-  """Most co-resident blocks of the tools' kernels (the library's and their
-  group twins) on CUDA device `ordinal`."""
-  return _tools.block_bound(ordinal, carveout)
-
-
-def _cuda_device(device=None):
-  if device is not None:
-    if device.platform != "gpu":
-      raise ValueError(f"virtual ranks need a CUDA GPU, got {device}")
-    return device
-  try:
-    gpus = jax.devices("cuda")
-  except RuntimeError:
-    gpus = []
-  if not gpus:
-    raise RuntimeError("virtual ranks need a CUDA GPU and JAX's CUDA backend; none found")
-  return gpus[0]
-
-
-def virtual_workspace(nranks: int, *, device=None,
-                      config: workspace.WorkspaceConfig | None = None) -> workspace.Workspace:
-  """The workspace of `nranks` virtual ranks on `device` (first GPU by default)."""
-  _need_kernels()
-  if not 1 <= nranks <= ext.max_ranks:
-    raise ValueError(f"nranks must be in 1..{ext.max_ranks}, got {nranks}")
-  dev = _cuda_device(device)
-  ordinal = dev.local_hardware_id
-  # every rank's blocks share the GPU: the grid bound is the device's over the ranks
-  bound = _block_bound(ordinal, settings.kernel_settings().carveout) // nranks
-  ws = workspace.get_workspace([[ordinal] * nranks], [[dev.id] * nranks], virtual=True,
-                               config=config, max_blocks=bound)
-  _tools.attach(ws.id, ordinal, nranks)
-  return ws
+from jaxll.tools.virtual_group import (check_kernel_algorithm as _check_gather_scatter_algorithm,
+                                       cuda_device as _cuda_device, dimension as _dimension,
+                                       need_kernels as _need_kernels, tools as _tools,
+                                       virtual_workspace)
+# the exchanges' tools, part of this module's API
+from jaxll.tools.virtual_exchange import (  # noqa: F401
+    exchange_time_us, ragged_time_us, virtual_all_to_all, virtual_ppermute,
+    virtual_ragged_all_to_all)
 
 
 def _kernel_name(algorithm: str) -> str:
@@ -267,23 +225,12 @@ _ALL_GATHER = algorithms.COLLECTIVE_CODES["all_gather"]
 _REDUCE_SCATTER = algorithms.COLLECTIVE_CODES["psum_scatter"]
 
 
-def _check_gather_scatter_algorithm(algorithm: str) -> None:
-  from jaxll.gather_scatter import KERNEL_ALGORITHMS
-  if algorithm not in KERNEL_ALGORITHMS:
-    raise ValueError(f"algorithm must be one of {list(KERNEL_ALGORITHMS)}, got {algorithm!r}")
-
-
 def _gather_scatter(code, x, count, segment, algorithm, device, config):
   x = np.ascontiguousarray(x)
   dtype = np.dtype(x.dtype)
   if dtype.name not in algorithms.DTYPE_CODES:
     raise TypeError(f"no kernel for {dtype}")
   _check_gather_scatter_algorithm(algorithm)
-  from jaxll.gather_scatter import _unit_problem
-  op = "all_gather" if code == _ALL_GATHER else "psum_scatter"
-  problem = _unit_problem(algorithm, op, -1, segment, count, dtype.itemsize)
-  if problem:
-    raise ValueError(f"{algorithm} cannot serve this call: {problem}")
   ws = virtual_workspace(x.shape[0], device=device, config=config)
   y, error = _tools.virtual_gather_scatter(ws.id, code, algorithms.SPECS[algorithm].code,
                                         algorithms.DTYPE_CODES[dtype.name], x.tobytes(),
@@ -291,12 +238,6 @@ def _gather_scatter(code, x, count, segment, algorithm, device, config):
   if error:
     raise RuntimeError(error)
   return np.frombuffer(y, dtype).copy()
-
-
-def _dimension(dim: int, ndim: int, name: str) -> int:
-  if not -ndim <= dim < ndim:
-    raise ValueError(f"{name}: dimension {dim} is out of range for {ndim} dimensions")
-  return dim % ndim
 
 
 def virtual_all_gather(x, *, axis: int = 0, tiled: bool = False, algorithm: str = "oneshot_ll",
@@ -493,103 +434,6 @@ def gather_scatter_time_us(nranks: int, nbytes: int, *, collective: str = "all_g
   return list(_tools.virtual_gather_scatter_bench(
       ws.id, codes[collective], algorithms.SPECS[algorithm].code,
       algorithms.DTYPE_CODES[dtype.name], count, int(iters), int(reps), segment=segment))
-
-
-def virtual_ppermute(x, perm, *, algorithm: str = "oneshot_ll", absent: int = -1, device=None,
-                     config: workspace.WorkspaceConfig | None = None):
-  """The ppermute kernel on N virtual ranks: ``x[r]`` is rank r's input, sent
-  as ``jax.lax.ppermute(x[r], perm=perm)`` would (a rank no pair sends to gets
-  zeros). Returns every rank's result, stacked like ``x``. Rank `absent`
-  (>= 0) makes no call: the others give up, and ``(outputs, error)`` comes
-  back; else RuntimeError with the recorded error if a rank gave up."""
-  from jaxll.exchange import normalized_perm
-  x = np.ascontiguousarray(x)
-  dtype = np.dtype(x.dtype)
-  if dtype.name not in algorithms.DTYPE_CODES or x.ndim < 2:
-    raise TypeError(f"virtual_ppermute needs x of shape (N, ...) of a kernel dtype, got "
-                    f"{dtype} {x.shape}")
-  _check_gather_scatter_algorithm(algorithm)
-  n = x.shape[0]
-  dests = [-1] * n
-  for s, d in normalized_perm(perm, n):
-    dests[s] = d
-  ws = virtual_workspace(n, device=device, config=config)
-  y, error = _tools.virtual_ppermute(ws.id, algorithms.SPECS[algorithm].code,
-                                     algorithms.DTYPE_CODES[dtype.name], x.tobytes(),
-                                     int(x[0].size), dests, int(absent))
-  y = np.frombuffer(y, dtype).copy().reshape(x.shape)
-  if absent >= 0:
-    return y, error
-  if error:
-    raise RuntimeError(error)
-  return y
-
-
-def virtual_all_to_all(x, split_axis: int, concat_axis: int, *, algorithm: str = "oneshot_ll",
-                       absent: int = -1, device=None,
-                       config: workspace.WorkspaceConfig | None = None):
-  """The all-to-all kernel on N virtual ranks: ``x[r]`` is rank r's input,
-  exchanged as ``jax.lax.all_to_all(x[r], split_axis=, concat_axis=,
-  tiled=True)`` would (an untiled call is a tiled one between a reshape and a
-  squeeze). Returns every rank's result, stacked. ``absent``
-  as for :func:`virtual_ppermute`; ValueError where the kernel cannot cut the
-  pieces (exchange.h)."""
-  from jaxll.exchange import _unit_problem, all_to_all_segments
-  x = np.ascontiguousarray(x)
-  dtype = np.dtype(x.dtype)
-  if dtype.name not in algorithms.DTYPE_CODES or x.ndim < 2:
-    raise TypeError(f"virtual_all_to_all needs x of shape (N, ...) of a kernel dtype, got "
-                    f"{dtype} {x.shape}")
-  _check_gather_scatter_algorithm(algorithm)
-  n, shape = x.shape[0], list(x.shape[1:])
-  split = _dimension(split_axis, len(shape), "virtual_all_to_all")
-  concat = _dimension(concat_axis, len(shape), "virtual_all_to_all")
-  if shape[split] % n:
-    raise ValueError(f"dimension {split} ({shape[split]}) is not a multiple of {n}")
-  count = int(np.prod(shape)) // n
-  seg_in, seg_out = all_to_all_segments(shape, split, concat, n)
-  problem = _unit_problem(algorithm, (seg_in, seg_out), count, dtype.itemsize)
-  if problem:
-    raise ValueError(f"{algorithm} cannot serve this call: {problem}")
-  out = list(shape)
-  out[split] //= n
-  out[concat] *= n
-  ws = virtual_workspace(n, device=device, config=config)
-  y, error = _tools.virtual_all_to_all(ws.id, algorithms.SPECS[algorithm].code,
-                                       algorithms.DTYPE_CODES[dtype.name], x.tobytes(), count,
-                                       int(seg_in), int(seg_out), int(absent))
-  y = np.frombuffer(y, dtype).copy().reshape(n, *out)
-  if absent >= 0:
-    return y, error
-  if error:
-    raise RuntimeError(error)
-  return y
-
-
-def exchange_time_us(nranks: int, nbytes: int, *, collective: str = "ppermute",
-                     perm=None, dtype="float32", algorithm: str = "oneshot_ll",
-                     iters: int = 200, reps: int = 20, device=None,
-                     config: workspace.WorkspaceConfig | None = None) -> list[float]:
-  """Kernel time per ppermute or all-to-all call (µs, one value per
-  repetition), measured as :func:`kernel_time_us` measures the all-reduce:
-  ``nbytes`` a peer gets (a ppermute's message; an all-to-all's piece, of N
-  per rank). ``perm`` (ppermute): pairs (source, destination); the ring shift
-  by one by default."""
-  from jaxll.exchange import normalized_perm
-  if collective not in ("ppermute", "all_to_all"):
-    raise ValueError(f"collective must be ppermute or all_to_all, got {collective!r}")
-  _check_gather_scatter_algorithm(algorithm)
-  dtype = np.dtype(jax.numpy.dtype(dtype))
-  ws = virtual_workspace(nranks, device=device, config=config)
-  count = max(1, nbytes // dtype.itemsize)
-  dests = [-1] * nranks
-  if collective == "ppermute":
-    perm = perm if perm is not None else [(i, (i + 1) % nranks) for i in range(nranks)]
-    for s, d in normalized_perm(perm, nranks):
-      dests[s] = d
-  return list(_tools.virtual_exchange_bench(
-      ws.id, algorithms.COLLECTIVE_CODES[collective], algorithms.SPECS[algorithm].code,
-      algorithms.DTYPE_CODES[dtype.name], count, dests, int(iters), int(reps)))
 
 
 def graph_floor_us(nranks: int, *, iters: int = 200, reps: int = 20, device=None,

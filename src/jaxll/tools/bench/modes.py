@@ -16,7 +16,7 @@ def _virtual_gather_scatter(args, n: int, dtype: str, count: int, algo: str) -> 
   import jax
   import numpy as np
 
-  from jaxll import choice, gather_scatter
+  from jaxll import choice, collective_common
   from jaxll.tools import testing as jt
   item = np.dtype(jax.numpy.dtype(dtype)).itemsize
   out = {}
@@ -29,7 +29,7 @@ def _virtual_gather_scatter(args, n: int, dtype: str, count: int, algo: str) -> 
     if kernel == "xla":
       return dict(out, status="n/a", reason=f"auto picks xla ({why}), which cannot run on "
                                              "virtual ranks")
-  sentinel_dtypes = gather_scatter._SENTINEL_DTYPES
+  sentinel_dtypes = collective_common.SENTINEL_DTYPES
   if kernel == "oneshot_sentinel" and jax.numpy.dtype(dtype).name not in sentinel_dtypes:
     return dict(out, status="n/a", reason=f"no sentinel kernel for {dtype}")
   # Fewer calls per graph for large pieces, as for the all-reduce: about
