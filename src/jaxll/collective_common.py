@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from jaxll import algorithms, call_sites, internals, sites
+from jaxll import algorithms, call_sites, internals, placement, sites
 
 # The algorithms of the collectives that move pieces (gathers, scatters, exchanges).
 KERNEL_ALGORITHMS = ("oneshot_ll", "oneshot_sentinel", "oneshot_barrier")
@@ -140,3 +140,16 @@ def record_site(ctx, out, op: str, axes: tuple, size: int, requested: str, ws: i
   call_sites.tag(out, site)  # (jaxll.explain reads it back from the lowered text)
   call_sites.record(site)
   return out
+
+
+def named_kernel(ctx, op: str, axes: tuple, algorithm: str, problem: str):
+  """(workspace id, algorithm, reason) of a call that names kernel `algorithm`,
+  where `problem` ("" if none) is why the kernel cannot take the call: its
+  workspace, or AlgorithmUnavailableError naming the call site and why."""
+  if not problem:
+    ws, _, problem = placement.workspace_for(ctx, axes)
+  if problem:
+    raise placement.AlgorithmUnavailableError(
+        f"jaxll.{op}(algorithm={algorithm!r}) cannot serve the call at "
+        f"{sites.call_text(ctx, op, axes)}: {problem}")
+  return ws, algorithm, sites.with_origin(f"algorithm={algorithm!r} requested", ctx, op, axes)

@@ -43,8 +43,7 @@ from jax.interpreters import ad, batching
 
 from jaxll import algorithms, choice, internals, ordering, placement, sites
 from jaxll.collective_common import (KERNEL_DTYPES, SENTINEL_DTYPES, map_leaves, mesh_axes_size,
-                                     record_site, requested)
-from jaxll.placement import AlgorithmUnavailableError
+                                     named_kernel, record_site, requested)
 
 ppermute_p = internals.CollectivePrimitive("jaxll_ppermute")
 all_to_all_p = internals.CollectivePrimitive("jaxll_all_to_all")
@@ -302,13 +301,7 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str):
     ws, _, problem = placement.workspace_for(ctx, axes)
     return xla(problem) if problem else (
         ws, kernel, sites.with_origin(mode + reason, ctx, op, axes))
-  if not problem:
-    ws, _, problem = placement.workspace_for(ctx, axes)
-  if problem:
-    raise AlgorithmUnavailableError(
-        f"jaxll.{op}(algorithm={algorithm!r}) cannot serve the call at "
-        f"{sites.call_text(ctx, op, axes)}: {problem}")
-  return ws, algorithm, sites.with_origin(f"algorithm={algorithm!r} requested", ctx, op, axes)
+  return named_kernel(ctx, op, axes, algorithm, problem)
 
 
 def _ppermute_lowering(ctx, x, *, axis_name, perm, algorithm):

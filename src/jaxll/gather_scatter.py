@@ -49,7 +49,8 @@ from jax.interpreters import ad, batching
 from jaxll import algorithms, choice, internals, ordering, placement, sites
 # (ALGORITHMS and KERNEL_ALGORITHMS: the algorithms of these collectives, named here too)
 from jaxll.collective_common import (ALGORITHMS, KERNEL_ALGORITHMS, KERNEL_DTYPES,  # noqa: F401
-                                     SENTINEL_DTYPES, map_leaves, record_site, requested)
+                                     SENTINEL_DTYPES, map_leaves, named_kernel,
+                                     record_site, requested)
 from jaxll.placement import AlgorithmUnavailableError
 
 all_gather_p = internals.CollectivePrimitive("jaxll_all_gather")
@@ -362,13 +363,7 @@ def _decide(ctx, op: str, axes: tuple, algorithm: str) -> tuple[int, str, str]:
     ws, _, problem = placement.workspace_for(ctx, axes)
     return xla(problem) if problem else (
         ws, kernel, sites.with_origin(mode + reason, ctx, op, axes))
-  if not problem:
-    ws, _, problem = placement.workspace_for(ctx, axes)
-  if problem:
-    raise AlgorithmUnavailableError(
-        f"jaxll.{op}(algorithm={algorithm!r}) cannot serve the call at "
-        f"{sites.call_text(ctx, op, axes)}: {problem}")
-  return ws, algorithm, sites.with_origin(f"algorithm={algorithm!r} requested", ctx, op, axes)
+  return named_kernel(ctx, op, axes, algorithm, problem)
 
 
 def _lower(ctx, x, prim, op: str, dim: int, axes: tuple, size: int, algorithm: str, params):

@@ -39,9 +39,8 @@ from jax.interpreters import ad, batching, mlir
 
 from jaxll import algorithms, choice, internals, ordering, placement, sites
 from jaxll.collective_common import (KERNEL_DTYPES, as_array, check_axes_bound, mesh_axes_size,
-                                     normalize_axes, record_site)
+                                     normalize_axes, named_kernel, record_site)
 from jaxll.exchange import all_to_all
-from jaxll.placement import AlgorithmUnavailableError
 
 ragged_all_to_all_p = internals.CollectivePrimitive("jaxll_ragged_all_to_all")
 
@@ -260,13 +259,7 @@ def _decide(ctx, axes: tuple, groups, algorithm: str, size: int) -> tuple[int, s
         return ws, kernel, sites.with_origin(mode + reason, ctx, op, axes)
       reason = why
     return 0, "xla", sites.with_origin(mode + reason, ctx, op, axes)
-  if not problem:
-    ws, _, problem = placement.workspace_for(ctx, axes)
-  if problem:
-    raise AlgorithmUnavailableError(
-        f"jaxll.{op}(algorithm={algorithm!r}) cannot serve the call at "
-        f"{sites.call_text(ctx, op, axes)}: {problem}")
-  return ws, algorithm, sites.with_origin(f"algorithm={algorithm!r} requested", ctx, op, axes)
+  return named_kernel(ctx, op, axes, algorithm, problem)
 
 
 def composed(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *,
